@@ -1,0 +1,178 @@
+"""Plugin contracts. User code implements these and is named in the config by dotted path.
+
+Every contract is a Protocol (checked at start-up by rlfleet.plugins) or a frozen dataclass.
+Tensor shapes: S = samples in a batch, T = response tokens (padded), G = groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlfleet.sample import Sample
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One item of a data source. Give text, chat messages, or token ids (ids win)."""
+
+    index: int
+    text: str | None = None
+    messages: tuple[Mapping[str, str], ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    label: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """Deterministic, indexable prompts. Index i may exceed len(): sources wrap (epochs)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Prompt: ...
+
+
+class DataSourceFactory(Protocol):
+    def __call__(self, **kwargs: Any) -> DataSource: ...
+
+
+class RewardFn(Protocol):
+    """Score one finished sample. Return a float, or named parts (their sum, or the part 'total')."""
+
+    def __call__(self, prompt: Prompt, completion: str, sample: Sample) -> float | Mapping[str, float]: ...
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What an engine returns for one request: exact token ids and their logprobs (TITO)."""
+
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str                       # "stop" | "length" | "abort"
+    weight_version: int
+    routed_experts: Any | None = None        # np.ndarray [T, layers, top_k] for MoE models
+
+
+class GenerateFn(Protocol):
+    def __call__(self, input_ids: Sequence[int], sampling: SamplingParams) -> Future[Generation]: ...
+
+
+class RolloutContext(Protocol):
+    """What a rollout function may use. Provided by the rollout service."""
+
+    replica_id: str
+    tokenizer: Any
+    sampling: SamplingParams
+
+    def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]: ...
+
+    def score(self, prompt: Prompt, sample: Sample) -> Sample: ...
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class GroupTicket:
+    group_id: str
+    prompt_index: int
+    group_size: int
+
+
+class RolloutFn(Protocol):
+    """Produce the group's samples, yielding each the moment it is finished and scored."""
+
+    def __call__(self, ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]: ...
+
+
+class SampleFilter(Protocol):
+    """Look at one complete group. Return None to keep it, or the reason it is dropped."""
+
+    def __call__(self, group: Sequence[Sample]) -> str | None: ...
+
+
+@dataclass
+class TrainBatch:
+    """A batch of samples as padded tensors. Row order follows the buffer's batch.
+
+    tokens: [S, P+T] prompt and response ids, right-padded; response positions are
+    response_start[s] .. response_start[s]+T_s-1.
+    """
+
+    input_ids: torch.Tensor          # [S, L] int64
+    attention_mask: torch.Tensor     # [S, L] int64
+    response_mask: torch.Tensor      # [S, T] float32, loss mask (0 on padding and tool tokens)
+    response_start: torch.Tensor     # [S] int64: index in input_ids of the first response token
+    rollout_logprobs: torch.Tensor   # [S, T] float32
+    rewards: torch.Tensor            # [S] float32
+    group_index: torch.Tensor        # [S] int64: which group each row belongs to, 0..G-1
+    weight_versions: torch.Tensor    # [S] int64
+    sample_ids: list[str]
+    old_logprobs: torch.Tensor | None = None      # [S, T] from the trainer's no-grad forward
+    ref_logprobs: torch.Tensor | None = None      # [S, T] reference model, when a KL term is used
+    teacher_logprobs: torch.Tensor | None = None  # [S, T] on-policy distillation
+    values: torch.Tensor | None = None            # [S, T] critic values (PPO)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class AdvantageEstimator(Protocol):
+    """advantages: [S, T], zero where response_mask is zero."""
+
+    def __call__(self, batch: TrainBatch) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: torch.Tensor               # scalar, already aggregated the way the loss wants
+    metrics: Mapping[str, float]
+
+
+class LossFn(Protocol):
+    """logprobs: [S, T] under the current policy (with grad); advantages: [S, T]."""
+
+    def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
+                  token_count: float) -> LossOutput: ...
+
+
+class TrainerHooks(Protocol):
+    """Optional hooks; implement any subset. Named by dotted path to a class or factory."""
+
+    def after_model_init(self, model: torch.nn.Module) -> None: ...
+
+    def before_logprobs(self, batch: TrainBatch) -> None: ...
+
+    def before_step(self, step: int, batch: TrainBatch) -> None: ...
+
+    def after_save(self, step: int, path: str) -> None: ...
+
+
+HOOK_NAMES: tuple[str, ...] = ("after_model_init", "before_logprobs", "before_step", "after_save")
+
+
+def reward_total(value: float | Mapping[str, float]) -> tuple[float, dict[str, float]]:
+    """Fold a reward function's result into (scalar reward, parts)."""
+    if isinstance(value, Mapping):
+        parts = {str(k): float(v) for k, v in value.items()}
+        return (parts["total"] if "total" in parts else sum(parts.values())), parts
+    return float(value), {}
+
+
+def iter_samples(result: Iterable[Sample] | Sample) -> Iterable[Sample]:
+    from rlfleet.sample import Sample
+
+    return [result] if isinstance(result, Sample) else result

@@ -1,0 +1,158 @@
+"""The Sample dataclass and its lossless conversion to and from the rlfleet.v1.Sample message."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlfleet.packing import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32, unpack_u8
+from rlfleet.v1 import sample_pb2
+
+
+class Status(enum.IntEnum):
+    COMPLETED = sample_pb2.SAMPLE_STATUS_COMPLETED
+    TRUNCATED = sample_pb2.SAMPLE_STATUS_TRUNCATED
+    ABORTED = sample_pb2.SAMPLE_STATUS_ABORTED
+    FAILED = sample_pb2.SAMPLE_STATUS_FAILED
+
+
+class SampleError(ValueError):
+    """A sample whose fields disagree (lengths, NaN reward, unknown status)."""
+
+
+@dataclass
+class RoutedExperts:
+    """Top-k expert ids per response token and MoE layer. ids: [T, num_layers, top_k]."""
+
+    ids: np.ndarray
+
+    def to_proto(self) -> sample_pb2.RoutedExperts:
+        t, layers, k = self.ids.shape
+        bits = 8 if int(self.ids.max(initial=0)) < 256 else 16
+        dtype = np.uint8 if bits == 8 else np.dtype("<u2")
+        return sample_pb2.RoutedExperts(num_layers=layers, top_k=k, bits=bits,
+                                        ids=np.ascontiguousarray(self.ids, dtype=dtype).tobytes())
+
+    @classmethod
+    def from_proto(cls, msg: sample_pb2.RoutedExperts) -> RoutedExperts:
+        dtype = np.uint8 if msg.bits == 8 else np.dtype("<u2")
+        flat = np.frombuffer(msg.ids, dtype=dtype)
+        per_token = msg.num_layers * msg.top_k
+        if per_token == 0 or flat.size % per_token:
+            raise SampleError(f"routed_experts has {flat.size} ids, not a multiple of layers*top_k={per_token}")
+        return cls(ids=flat.reshape(-1, msg.num_layers, msg.top_k).astype(np.int64))
+
+
+@dataclass
+class Sample:
+    """One response to one prompt. Response-aligned lists all have len(response_ids) entries."""
+
+    group_id: str
+    index: int
+    group_size: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float]
+    loss_mask: list[int] | None = None          # None: all ones
+    reward: float = 0.0
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    status: Status = Status.COMPLETED
+    status_reason: str = ""
+    weight_version: int = 0
+    token_versions: list[int] | None = None     # partial rollouts: version per response token
+    routed_experts: RoutedExperts | None = None
+    teacher_logprobs: list[float] | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    prompt_index: int = 0
+    run_id: str = ""
+    replica_id: str = ""
+
+    @property
+    def sample_id(self) -> str:
+        return sample_key(self.group_id, self.index)
+
+    @property
+    def mask(self) -> list[int]:
+        return self.loss_mask if self.loss_mask is not None else [1] * len(self.response_ids)
+
+    def validate(self) -> None:
+        validate_message(self.to_proto())
+
+    def to_proto(self) -> sample_pb2.Sample:
+        msg = sample_pb2.Sample(
+            run_id=self.run_id, group_id=self.group_id, index=self.index, group_size=self.group_size,
+            prompt_index=self.prompt_index, prompt_ids=pack_i32(self.prompt_ids),
+            response_ids=pack_i32(self.response_ids), loss_mask=pack_u8(self.mask),
+            rollout_logprobs=pack_f32(self.rollout_logprobs), reward=float(self.reward),
+            status=int(self.status), status_reason=self.status_reason, weight_version=self.weight_version,
+            replica_id=self.replica_id,
+        )
+        msg.reward_parts.update({k: float(v) for k, v in self.reward_parts.items()})
+        msg.metadata.update(self.metadata)
+        if self.token_versions is not None:
+            msg.token_versions = pack_i32(self.token_versions)
+        if self.teacher_logprobs is not None:
+            msg.teacher_logprobs = pack_f32(self.teacher_logprobs)
+        if self.routed_experts is not None:
+            msg.routed_experts.CopyFrom(self.routed_experts.to_proto())
+        return msg
+
+    @classmethod
+    def from_proto(cls, msg: sample_pb2.Sample) -> Sample:
+        validate_message(msg)
+        return cls(
+            group_id=msg.group_id, index=msg.index, group_size=msg.group_size,
+            prompt_ids=unpack_i32(msg.prompt_ids).tolist(), response_ids=unpack_i32(msg.response_ids).tolist(),
+            rollout_logprobs=unpack_f32(msg.rollout_logprobs).tolist(),
+            loss_mask=unpack_u8(msg.loss_mask).tolist() if msg.loss_mask else None,
+            reward=msg.reward, reward_parts=dict(msg.reward_parts), status=Status(msg.status),
+            status_reason=msg.status_reason, weight_version=msg.weight_version,
+            token_versions=unpack_i32(msg.token_versions).tolist() if msg.token_versions else None,
+            routed_experts=RoutedExperts.from_proto(msg.routed_experts) if msg.HasField("routed_experts") else None,
+            teacher_logprobs=unpack_f32(msg.teacher_logprobs).tolist() if msg.teacher_logprobs else None,
+            metadata=dict(msg.metadata), prompt_index=msg.prompt_index, run_id=msg.run_id, replica_id=msg.replica_id,
+        )
+
+
+def sample_key(group_id: str, index: int) -> str:
+    return f"{group_id}/{index}"
+
+
+def validate_message(msg: sample_pb2.Sample) -> None:
+    """Raise SampleError when a Sample message is malformed. Cheap: no array is decoded."""
+    if not msg.group_id:
+        raise SampleError("group_id is empty")
+    if msg.group_size == 0 or msg.index >= msg.group_size:
+        raise SampleError(f"index {msg.index} outside group_size {msg.group_size}")
+    if msg.status not in (s.value for s in Status):
+        raise SampleError(f"unknown status {msg.status}")
+    if not math.isfinite(msg.reward):
+        raise SampleError(f"reward is {msg.reward}")
+    if any(not math.isfinite(v) for v in msg.reward_parts.values()):
+        raise SampleError("a reward part is not finite")
+    for name, data in (("prompt_ids", msg.prompt_ids), ("response_ids", msg.response_ids),
+                       ("rollout_logprobs", msg.rollout_logprobs)):
+        if len(data) % 4:
+            raise SampleError(f"{name} has {len(data)} bytes, not a multiple of 4")
+    tokens = len(msg.response_ids) // 4
+    checks = [("rollout_logprobs", len(msg.rollout_logprobs) // 4), ("loss_mask", len(msg.loss_mask))]
+    if msg.token_versions:
+        checks.append(("token_versions", len(msg.token_versions) // 4))
+    if msg.teacher_logprobs:
+        checks.append(("teacher_logprobs", len(msg.teacher_logprobs) // 4))
+    for name, n in checks:
+        if n != tokens:
+            raise SampleError(f"{name} has {n} entries but response_ids has {tokens}")
+    if msg.status != sample_pb2.SAMPLE_STATUS_FAILED and tokens and not np.isfinite(
+            np.frombuffer(msg.rollout_logprobs, dtype="<f4")).all():
+        raise SampleError("rollout_logprobs contain NaN or inf")
+    if msg.HasField("routed_experts"):
+        re = msg.routed_experts
+        width = 1 if re.bits == 8 else 2 if re.bits == 16 else 0
+        if width == 0:
+            raise SampleError(f"routed_experts.bits is {re.bits}, not 8 or 16")
+        if len(re.ids) != tokens * re.num_layers * re.top_k * width:
+            raise SampleError("routed_experts size disagrees with response length")

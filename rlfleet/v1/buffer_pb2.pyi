@@ -1,0 +1,139 @@
+from rlfleet.v1 import sample_pb2 as _sample_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClaimRequest(_message.Message):
+    __slots__ = ("replica_id", "weight_version", "max_groups", "wait_seconds")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    weight_version: int
+    max_groups: int
+    wait_seconds: float
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., max_groups: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class GroupTicket(_message.Message):
+    __slots__ = ("group_id", "prompt_index", "group_size", "lease_seconds")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    prompt_index: int
+    group_size: int
+    lease_seconds: float
+    def __init__(self, group_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., group_size: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class ClaimReply(_message.Message):
+    __slots__ = ("tickets", "finished", "reason")
+    TICKETS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    tickets: _containers.RepeatedCompositeFieldContainer[GroupTicket]
+    finished: bool
+    reason: str
+    def __init__(self, tickets: _Optional[_Iterable[_Union[GroupTicket, _Mapping]]] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PutRequest(_message.Message):
+    __slots__ = ("samples", "wait_seconds")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[_sample_pb2.Sample]
+    wait_seconds: float
+    def __init__(self, samples: _Optional[_Iterable[_Union[_sample_pb2.Sample, _Mapping]]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class PutReply(_message.Message):
+    __slots__ = ("accepted", "duplicates")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    duplicates: int
+    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+
+class GetBatchRequest(_message.Message):
+    __slots__ = ("step", "num_groups", "policy_version", "wait_seconds", "consumer")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    num_groups: int
+    policy_version: int
+    wait_seconds: float
+    consumer: str
+    def __init__(self, step: _Optional[int] = ..., num_groups: _Optional[int] = ..., policy_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consumer: _Optional[str] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("step", "samples", "group_ids", "complete", "redelivered")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    samples: _containers.RepeatedCompositeFieldContainer[_sample_pb2.Sample]
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    complete: bool
+    redelivered: bool
+    def __init__(self, step: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[_sample_pb2.Sample, _Mapping]]] = ..., group_ids: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ..., redelivered: _Optional[bool] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("committed_step", "consumer")
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    committed_step: int
+    consumer: str
+    def __init__(self, committed_step: _Optional[int] = ..., consumer: _Optional[str] = ...) -> None: ...
+
+class AckReply(_message.Message):
+    __slots__ = ("acked_samples",)
+    ACKED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    acked_samples: int
+    def __init__(self, acked_samples: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BufferStats(_message.Message):
+    __slots__ = ("stored_samples", "ready_groups", "partial_groups", "tickets_in_flight", "delivered_unacked", "acked_samples", "dropped", "capacity", "put_samples", "policy_version", "next_prompt_index", "finished")
+    class DroppedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    STORED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    READY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_UNACKED_FIELD_NUMBER: _ClassVar[int]
+    ACKED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    PUT_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    stored_samples: int
+    ready_groups: int
+    partial_groups: int
+    tickets_in_flight: int
+    delivered_unacked: int
+    acked_samples: int
+    dropped: _containers.ScalarMap[str, int]
+    capacity: int
+    put_samples: int
+    policy_version: int
+    next_prompt_index: int
+    finished: bool
+    def __init__(self, stored_samples: _Optional[int] = ..., ready_groups: _Optional[int] = ..., partial_groups: _Optional[int] = ..., tickets_in_flight: _Optional[int] = ..., delivered_unacked: _Optional[int] = ..., acked_samples: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., capacity: _Optional[int] = ..., put_samples: _Optional[int] = ..., policy_version: _Optional[int] = ..., next_prompt_index: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...

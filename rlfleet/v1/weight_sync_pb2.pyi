@@ -1,0 +1,84 @@
+from rlfleet.v1 import weights_pb2 as _weights_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PublishReply(_message.Message):
+    __slots__ = ("subscribers",)
+    SUBSCRIBERS_FIELD_NUMBER: _ClassVar[int]
+    subscribers: int
+    def __init__(self, subscribers: _Optional[int] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("replica_id", "have_version")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    have_version: int
+    def __init__(self, replica_id: _Optional[str] = ..., have_version: _Optional[int] = ...) -> None: ...
+
+class UpdateAckReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("version", "wait_seconds")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    wait_seconds: float
+    def __init__(self, version: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class ReplicaState(_message.Message):
+    __slots__ = ("replica_id", "version", "digest", "ok", "error", "last_update_seconds", "failures")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_UPDATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    version: int
+    digest: str
+    ok: bool
+    error: str
+    last_update_seconds: float
+    failures: int
+    def __init__(self, replica_id: _Optional[str] = ..., version: _Optional[int] = ..., digest: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., last_update_seconds: _Optional[float] = ..., failures: _Optional[int] = ...) -> None: ...
+
+class VerifyReply(_message.Message):
+    __slots__ = ("version", "all_current", "replicas")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ALL_CURRENT_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    all_current: bool
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaState]
+    def __init__(self, version: _Optional[int] = ..., all_current: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaState, _Mapping]]] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("version", "replica_id")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    replica_id: str
+    def __init__(self, version: _Optional[int] = ..., replica_id: _Optional[str] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("version", "bucket", "offset", "data", "last")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    bucket: int
+    offset: int
+    data: bytes
+    last: bool
+    def __init__(self, version: _Optional[int] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...

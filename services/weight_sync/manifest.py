@@ -1,0 +1,52 @@
+"""Tensor checksums and manifest digests: what every transport and every replica agree on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import xxhash
+
+from rlfleet.v1 import weights_pb2
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a tensor (contiguous, on CPU), without a copy when it already is."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
+
+
+def tensor_xxh64(t: torch.Tensor) -> str:
+    return xxhash.xxh64(tensor_bytes(t)).hexdigest()
+
+
+def manifest_digest(pairs: Iterable[tuple[str, str]]) -> str:
+    """xxh64 over name and tensor hash of every tensor, in order."""
+    h = xxhash.xxh64()
+    for name, tensor_hash in pairs:
+        h.update(name.encode())
+        h.update(b"\0")
+        h.update(tensor_hash.encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def digest_of(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    return manifest_digest((name, tensor_xxh64(t)) for name, t in named)
+
+
+def manifest_pairs(manifest: weights_pb2.WeightManifest) -> list[tuple[str, str]]:
+    return [(e.name, e.xxh64) for e in manifest.tensors]
+
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+    "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
