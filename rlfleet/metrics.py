@@ -92,6 +92,24 @@ class WeightSyncMetrics:
                                      ["replica"], registry=registry)
 
 
+class ControllerMetrics:
+    """The on-call controller (services/controller): recoveries, the API actions they took, leadership, watches."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.recoveries = Counter("rlfleet_controller_recoveries", "Recoveries by failure kind and outcome",
+                                  ["kind", "outcome"], registry=registry)
+        self.actions = Counter("rlfleet_controller_actions", "Kubernetes API actions taken, by action",
+                               ["action"], registry=registry)
+        self.recoveries_in_progress = Gauge("rlfleet_controller_recoveries_in_progress",
+                                            "Recoveries started and not finished", registry=registry)
+        self.quarantined_nodes = Gauge("rlfleet_controller_quarantined_nodes", "Nodes this run has quarantined",
+                                       registry=registry)
+        self.is_leader = Gauge("rlfleet_controller_is_leader", "1 while this controller holds the Lease",
+                               registry=registry)
+        self.relists = Counter("rlfleet_controller_watch_relists", "Full re-lists after a watch expired (410 Gone)",
+                               ["resource"], registry=registry)
+
+
 def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> int:
     """Serve /metrics on port (0 = off). Returns the port."""
     if port:

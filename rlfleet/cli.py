@@ -1,0 +1,65 @@
+"""The `rlfleet` command: run a config on this machine, or check it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlfleet.config import ConfigError, load_config
+from rlfleet.plugins import PluginError
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {pair}: expected key=value")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlfleet", description="RL post-training as four gRPC services.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="run CONFIG with every service as a local process")
+    p_run.add_argument("config")
+    p_run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field, e.g. --set trainer.steps=5")
+    p_run.add_argument("--resume", action="store_true", help="continue the run in the run folder")
+    p_run.add_argument("--fresh", action="store_true", help="delete the run folder's previous state first")
+    p_check = sub.add_parser("check", help="validate CONFIG and import every plugin it names")
+    p_check.add_argument("config")
+    p_check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+
+    from rlfleet.launcher import RunError, run
+    from rlfleet.preflight import check_plugins
+
+    try:
+        cfg = load_config(ns.config, _overrides(ns.set))
+        if ns.command == "check":
+            check_plugins(cfg)
+            print(f"{ns.config}: ok")
+            return 0
+        run(cfg, Path(ns.config), fresh=ns.fresh, resume=ns.resume)
+        return 0
+    except (ConfigError, PluginError) as exc:
+        print(f"rlfleet: {exc}", file=sys.stderr)
+        return 2
+    except RunError as exc:
+        print(f"\nrlfleet: run failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nrlfleet: interrupted; every service stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""`rlfleet run`: the four services as local processes on loopback, supervised, with progress and a report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import grpc
+
+from rlfleet.atomic import write_text_atomic
+from rlfleet.config import Config, ConfigError, dump_config
+from rlfleet.plugins import load_callable
+from rlfleet.ports import free_ports
+from rlfleet.preflight import check_plugins
+from rlfleet.processes import Child, exit_reason
+from rlfleet.report import MetricsTail, Progress, format_summary, reward_curve, summarize
+from rlfleet.rpc import channel, read_token, wait_healthy
+from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
+
+log = logging.getLogger("rlfleet.launcher")
+
+STATE_DIRS = ("buffer", "checkpoints", "metrics", "logs")
+STATE_FILES = ("trainer_done.json", "summary.json", "reward_curve.png", "config.resolved.yaml")
+
+
+class RunError(RuntimeError):
+    """The run could not start, or a service died."""
+
+
+@dataclass
+class RunResult:
+    summary: dict[str, Any]
+    run_dir: Path
+
+
+def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
+    """Prepare the run folder, the token and free loopback endpoints; return the config the services read."""
+    run_dir = cfg.run_dir
+    has_state = any((run_dir / d).exists() for d in ("buffer", "checkpoints"))
+    if has_state and not (fresh or resume or cfg.run.resume):
+        raise RunError(f"run folder {run_dir} holds a previous run: pass --resume to continue it or --fresh to "
+                       "start over (its checkpoints and buffer are deleted; a model folder inside it is kept)")
+    if fresh:
+        for d in STATE_DIRS:
+            shutil.rmtree(run_dir / d, ignore_errors=True)
+        for f in STATE_FILES:
+            (run_dir / f).unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    n_rollout = cfg.rollout.replicas
+    ports = free_ports(5 + n_rollout)
+    host = "127.0.0.1"
+    endpoints = {
+        "buffer": f"{host}:{ports[0]}", "weight_sync": f"{host}:{ports[1]}", "trainer": f"{host}:{ports[2]}",
+        "trainer_data": f"{host}:{ports[3]}", "rendezvous": f"{host}:{ports[4]}",
+        "rollout": [f"{host}:{p}" for p in ports[5:]],
+    }
+    security = cfg.security.model_dump()
+    if cfg.security.mode == "token" and not cfg.security.token_file:
+        token_file = run_dir / "run.token"
+        token_file.write_text(secrets.token_urlsafe(32))
+        token_file.chmod(0o600)
+        security["token_file"] = str(token_file.resolve())
+    data = cfg.model_dump(mode="json")
+    data["endpoints"] = endpoints
+    data["security"] = security
+    data["run"]["resume"] = bool(resume or cfg.run.resume)
+    data["run"]["dir"] = str(run_dir.resolve())
+    data["model"]["path"] = str(cfg.model_path.resolve())
+    return Config.model_validate(data)
+
+
+def prepare_model(cfg: Config) -> None:
+    if cfg.model.prepare:
+        prepare = load_callable(cfg.model.prepare, "model.prepare", arity=2)
+        log.info("preparing model folder %s with %s", cfg.model_path, cfg.model.prepare)
+        prepare(str(cfg.model_path), cfg.run.seed)
+    if not (cfg.model_path / "config.json").exists():
+        raise RunError(f"model.path {cfg.model_path} is not a Hugging Face model folder (no config.json)")
+
+
+class LocalRun:
+    """Starts and supervises the services of one run on this machine."""
+
+    def __init__(self, cfg: Config, config_path: Path) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.run_dir = cfg.run_dir
+        self.children: list[Child] = []
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p)
+        self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    def _start(self, name: str, module: str, extra: list[str], env: dict[str, str] | None = None) -> Child:
+        args = ["-m", module, "--config", str(self.config_path), *extra]
+        child = Child(name, args, self.run_dir / "logs" / f"{name}.log", {**self.env, **(env or {})})
+        self.children.append(child)
+        return child
+
+    def start(self) -> None:
+        cfg = self.cfg
+        threads = {"OMP_NUM_THREADS": str(cfg.trainer.threads), "MKL_NUM_THREADS": str(cfg.trainer.threads)}
+        self._start("buffer", "services.buffer", [])
+        self._start("weight_sync", "services.weight_sync", [])
+        self._wait([cfg.endpoints.buffer, cfg.endpoints.weight_sync], 60)
+        host, _, port = cfg.endpoints.rendezvous.rpartition(":")
+        for rank in range(cfg.trainer.world_size):
+            self._start(f"trainer-{rank}", "services.trainer", [], {
+                **threads, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.trainer.world_size),
+                "MASTER_ADDR": host, "MASTER_PORT": port})
+        for i in range(cfg.rollout.replicas):
+            self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)], threads)
+        self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
+
+    def _wait(self, addresses: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for addr in addresses:
+            while True:
+                self._check_children()
+                try:
+                    wait_healthy(addr, timeout=2.0)
+                    break
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise RunError(f"service at {addr} did not become healthy in {timeout:.0f}s") from None
+
+    def _check_children(self, trainer_done: bool = False) -> None:
+        for child in self.children:
+            code = child.returncode
+            if code is None or (code == 0 and (trainer_done or child.name.startswith("rollout"))):
+                continue
+            if code == 0 and child.name.startswith("trainer"):
+                continue
+            raise RunError(f"{child.name} stopped ({exit_reason(code)}); last lines of {child.log_path}:\n"
+                           f"{child.tail()}")
+
+    def trainer_finished(self) -> bool:
+        trainers = [c for c in self.children if c.name.startswith("trainer")]
+        return all(c.returncode == 0 for c in trainers)
+
+    def buffer_stats(self) -> dict[str, Any] | None:
+        token = read_token(self.cfg.security.token_file) if self.cfg.security.mode == "token" else None
+        try:
+            with channel(self.cfg.endpoints.buffer, token) as ch:
+                stats = buffer_pb2_grpc.BufferStub(ch).Stats(buffer_pb2.StatsRequest(), timeout=5.0)
+        except grpc.RpcError:
+            return None
+        return {"put_samples": stats.put_samples, "acked_samples": stats.acked_samples,
+                "dropped": dict(stats.dropped), "stored_samples": stats.stored_samples}
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+
+
+def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) -> RunResult:
+    check_plugins(cfg)
+    resolved = resolve(cfg, fresh=fresh, resume=resume)
+    prepare_model(resolved)
+    config_path = resolved.run_dir / "config.resolved.yaml"
+    dump_config(resolved, config_path)
+    local = LocalRun(resolved, config_path)
+    progress = Progress(resolved.trainer.steps)
+    tail = MetricsTail(resolved.run_dir / "metrics" / "trainer.jsonl")
+    started = time.monotonic()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        print(f"rlfleet: run '{resolved.run.name}' in {resolved.run_dir} (from {source}); logs in "
+              f"{resolved.run_dir / 'logs'}", file=sys.stderr)
+        local.start()
+        while not local.trainer_finished():
+            local._check_children()
+            progress.update(tail.read())
+            time.sleep(0.5)
+        progress.update(tail.read())
+        progress.close()
+        stats = local.buffer_stats()
+        deadline = time.monotonic() + 15
+        while any(c.returncode is None for c in local.children if c.name.startswith("rollout")):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        local._check_children(trainer_done=True)
+    finally:
+        local.stop()
+        signal.signal(signal.SIGTERM, previous)
+    summary = summarize(resolved.run_dir / "metrics" / "trainer.jsonl", time.monotonic() - started, stats)
+    reward_curve(resolved.run_dir / "metrics" / "trainer.jsonl", resolved.run_dir / "reward_curve.png")
+    write_text_atomic(resolved.run_dir / "summary.json", json.dumps(summary, indent=2))
+    print(format_summary(summary, resolved.run_dir), file=sys.stderr)
+    return RunResult(summary=summary, run_dir=resolved.run_dir)
+
+
+__all__ = ["ConfigError", "LocalRun", "RunError", "run"]

@@ -1,0 +1,55 @@
+"""Config errors name the field and the file; overrides apply; the example config is valid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlfleet.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "addition" / "config.yaml"
+
+
+def test_example_config_loads() -> None:
+    cfg = load_config(EXAMPLE)
+    assert cfg.rollout.group_size == 8 and cfg.buffer.max_staleness == 0
+    assert cfg.model_path == Path("runs/addition/warm_start")
+
+
+def test_misspelt_field_names_field_and_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("max_staleness:", "max_stalenes:"))
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    msg = str(info.value)
+    assert str(bad) in msg and "buffer.max_stalenes" in msg and "unknown field" in msg
+
+
+def test_wrong_type_and_range(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("group_size: 8", "group_size: many").replace("lr: 1.0e-3", "lr: -1"))
+    msg = str(pytest.raises(ConfigError, load_config, bad).value)
+    assert "rollout.group_size" in msg and "trainer.lr" in msg
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_overrides() -> None:
+    cfg = load_config(EXAMPLE, {"trainer.steps": 3, "buffer.max_staleness": 2})
+    assert cfg.trainer.steps == 3 and cfg.buffer.max_staleness == 2
+    with pytest.raises(ConfigError, match="trainer.stepz"):
+        load_config(EXAMPLE, {"trainer.stepz": 3})
+
+
+def test_grpo_needs_groups() -> None:
+    with pytest.raises(ConfigError, match="group_size must be >= 2"):
+        load_config(EXAMPLE, {"rollout.group_size": 1})
