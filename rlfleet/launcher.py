@@ -119,6 +119,8 @@ class LocalRun:
                 "MASTER_ADDR": host, "MASTER_PORT": port})
         for i in range(cfg.rollout.replicas):
             self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)], threads)
+        write_text_atomic(self.run_dir / "processes.json",
+                          json.dumps({c.name: c.proc.pid for c in self.children}, indent=2))
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
 
     def _wait(self, addresses: list[str], timeout: float) -> None:
