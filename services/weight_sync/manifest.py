@@ -15,12 +15,25 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
+    t = t.contiguous().reshape(-1)   # 0-dim tensors too: [numel]
     return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
 
 
 def tensor_xxh64(t: torch.Tensor) -> str:
     return xxhash.xxh64(tensor_bytes(t)).hexdigest()
+
+
+def buffer_xxh64(buf: bytes | memoryview) -> str:
+    """xxh64 of raw bytes already laid out in memory (a bucket slice): equals tensor_xxh64 of the same tensor."""
+    return xxhash.xxh64(buf).hexdigest()
+
+
+def check_manifest_digest(manifest: weights_pb2.WeightManifest) -> str | None:
+    """None when the manifest's digest matches its tensor entries, else why not."""
+    want = manifest_digest(manifest_pairs(manifest))
+    if manifest.digest != want:
+        return f"manifest digest {manifest.digest or '(empty)'} does not match its tensor entries ({want})"
+    return None
 
 
 def manifest_digest(pairs: Iterable[tuple[str, str]]) -> str:

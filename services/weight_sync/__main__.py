@@ -1,0 +1,62 @@
+"""python -m services.weight_sync --config RUN_DIR/config.resolved.yaml [--listen HOST:PORT] [--metrics-port P]
+
+Serves rlfleet.v1.WeightSync until SIGTERM/SIGINT, then exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from prometheus_client import CollectorRegistry
+
+from rlfleet.config import ConfigError
+from rlfleet.metrics import JsonlLog, WeightSyncMetrics, serve_metrics
+from rlfleet.rpc import Server
+from rlfleet.service_main import listen_address, parse_service_args
+from rlfleet.v1 import weight_sync_pb2_grpc
+from services.weight_sync.board import VersionBoard
+from services.weight_sync.servicer import WeightSyncServicer
+
+log = logging.getLogger("weight_sync")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_service_args("weight_sync", argv)
+    cfg = args.config
+    try:
+        bind = listen_address(cfg.endpoints.weight_sync, args.listen)
+    except ConfigError as exc:
+        print(f"weight_sync: {exc} (set endpoints.weight_sync or --listen)", file=sys.stderr)
+        return 2
+    registry = CollectorRegistry()
+    metrics = WeightSyncMetrics(registry)
+    jsonl = JsonlLog(cfg.run_dir / "metrics" / "weight_sync.jsonl")
+    board = VersionBoard()
+    # each Subscribe stream holds a worker thread for its lifetime: room for every replica twice, plus unary calls
+    try:
+        server = Server(bind, args.token, max_workers=64 + 2 * cfg.rollout.replicas)
+    except (OSError, RuntimeError) as exc:
+        print(f"weight_sync: cannot serve on {bind}: {exc}", file=sys.stderr)
+        return 1
+    server.add(weight_sync_pb2_grpc.add_WeightSyncServicer_to_server, WeightSyncServicer(board, metrics, jsonl),
+               "rlfleet.v1.WeightSync")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    server.start()
+    serve_metrics(registry, args.metrics_port)
+    log.info("serving rlfleet.v1.WeightSync on %s (port %d)", bind, server.port)
+    while not stop.wait(1.0):
+        pass
+    log.info("stopping")
+    board.close()
+    server.stop(grace=1.0)
+    jsonl.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

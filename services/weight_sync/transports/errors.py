@@ -1,0 +1,14 @@
+"""The one error every weight transport raises when an update cannot be applied whole."""
+
+from __future__ import annotations
+
+
+class WeightTransferError(RuntimeError):
+    """A weight version could not be fetched complete and intact; nothing of it may be applied.
+
+    Raised for RPC failures, truncated streams, missing buckets, size and checksum mismatches.
+    """
+
+    def __init__(self, version: int, message: str) -> None:
+        super().__init__(f"weight version {version}: {message}")
+        self.version = version
