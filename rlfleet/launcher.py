@@ -190,11 +190,6 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
         progress.update(tail.read())
         progress.close()
         stats = local.buffer_stats()
-        deadline = time.monotonic() + 15
-        while any(c.returncode is None for c in local.children if c.name.startswith("rollout")):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
         local._check_children(trainer_done=True)
     finally:
         local.stop()

@@ -1,0 +1,193 @@
+"""Trainer checkpoints: RUN_DIR/checkpoints/step_XXXXXXXX/ holding sharded model+optimizer (torch DCP),
+every rank's RNG state, meta.json (step, version) and checksums.json. Written to a temp folder and renamed into
+place only after every rank finished; `latest` ignores anything incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import xxhash
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from rlfleet.atomic import write_bytes_atomic, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+META = "meta.json"
+CHECKSUMS = "checksums.json"
+STATE = "state"
+PREFIX = "step_"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete or corrupt."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    version: int
+    world_size: int
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return checkpoints_dir(run_dir) / f"{PREFIX}{step:08d}"
+
+
+def _file_hash(path: Path) -> str:
+    h = xxhash.xxh64()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_states(device: torch.device) -> dict[str, bytes]:
+    states = {"cpu": torch.get_rng_state().numpy().tobytes()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device).numpy().tobytes()
+    return states
+
+
+def _set_rng_states(folder: Path, rank: int, device: torch.device) -> None:
+    for kind in ("cpu", "cuda"):
+        path = folder / f"rng_{kind}_rank{rank:05d}.bin"
+        if not path.exists():
+            continue
+        state = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+        if kind == "cpu":
+            torch.set_rng_state(state)
+        elif device.type == "cuda":
+            torch.cuda.set_rng_state(state, device)
+
+
+def save(run_dir: Path, step: int, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         device: torch.device, keep: int) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint folder."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    final = step_dir(run_dir, step)
+    tmp = final.with_name(f".tmp-{final.name}")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / STATE))
+    for kind, data in _rng_states(device).items():
+        write_bytes_atomic(tmp / f"rng_{kind}_rank{rank:05d}.bin", data)
+    dist.barrier()
+    if rank == 0:
+        meta = {"step": step, "version": version, "world_size": world, "torch": torch.__version__}
+        write_text_atomic(tmp / META, json.dumps(meta, indent=1))
+        sums = {str(p.relative_to(tmp)): {"xxh64": _file_hash(p), "bytes": p.stat().st_size} for p in _files(tmp)}
+        write_text_atomic(tmp / CHECKSUMS, json.dumps(sums, indent=1))
+        if final.exists():                      # the same step saved again (e.g. resumed, then asked to save)
+            old = final.with_name(f".old-{final.name}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            shutil.rmtree(old)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+        prune(run_dir, keep)
+    dist.barrier()
+    return final
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints, and leftover temp folders."""
+    root = checkpoints_dir(run_dir)
+    for leftover in root.glob(".tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    complete = [c.path for c in _complete(root)]
+    for path in complete[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _read_info(path: Path) -> CheckpointInfo | None:
+    """Info of a complete checkpoint (meta and checksums present, every listed file there with its size)."""
+    try:
+        meta = json.loads((path / META).read_text())
+        sums = json.loads((path / CHECKSUMS).read_text())
+    except (OSError, ValueError):
+        return None
+    for rel, entry in sums.items():
+        f = path / rel
+        if not f.is_file() or f.stat().st_size != entry["bytes"]:
+            return None
+    return CheckpointInfo(path=path, step=int(meta["step"]), version=int(meta["version"]),
+                          world_size=int(meta["world_size"]))
+
+
+def _complete(root: Path) -> list[CheckpointInfo]:
+    """Complete checkpoints under root, newest step first."""
+    infos = []
+    for path in root.glob(f"{PREFIX}*") if root.is_dir() else []:
+        info = _read_info(path)
+        if info is not None:
+            infos.append(info)
+    return sorted(infos, key=lambda i: i.step, reverse=True)
+
+
+def latest(run_dir: Path) -> CheckpointInfo | None:
+    """The newest complete checkpoint of the run, or None."""
+    found = _complete(checkpoints_dir(run_dir))
+    return found[0] if found else None
+
+
+def verify(path: Path) -> None:
+    """Raise CheckpointError when a file's checksum disagrees with checksums.json."""
+    sums = json.loads((path / CHECKSUMS).read_text())
+    for rel, entry in sums.items():
+        if _file_hash(path / rel) != entry["xxh64"]:
+            raise CheckpointError(f"checkpoint {path}: {rel} does not match its checksum")
+
+
+def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         device: torch.device) -> None:
+    """Collective: restore model, optimizer and this rank's RNG state from a checkpoint."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ok = torch.ones(1, device=device)
+    error = ""
+    if rank == 0:
+        try:
+            verify(info.path)
+        except (CheckpointError, OSError, ValueError) as exc:
+            ok.zero_()
+            error = str(exc)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not ok.item():
+        raise CheckpointError(error or f"checkpoint {info.path} failed verification on rank 0")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(info.path / STATE))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if info.world_size != world:
+        log.warning("checkpoint %s was written by %d ranks, resuming on %d: RNG states of new ranks are not restored",
+                    info.path, info.world_size, world)
+    _set_rng_states(info.path, rank, device)

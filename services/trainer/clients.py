@@ -1,0 +1,109 @@
+"""The trainer's gRPC clients (Buffer, WeightSync, Rollout): deadlines on every call, bounded retries on
+transient failures, and a PeerError that names the peer when it stays unreachable."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from rlfleet.rpc import DEFAULT_DEADLINE, channel
+from rlfleet.v1 import (
+    buffer_pb2,
+    buffer_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+    weight_sync_pb2,
+    weight_sync_pb2_grpc,
+    weights_pb2,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+PATIENCE = 60.0            # seconds a peer may stay unreachable before the trainer gives up
+BATCH_POLL = 10.0          # seconds one GetBatch call waits on the buffer side
+
+
+class PeerError(RuntimeError):
+    """A peer service failed or stayed unreachable."""
+
+
+def call(what: str, address: str, fn: Callable[..., T], request: Any, timeout: float,
+         patience: float = PATIENCE) -> T:
+    """fn(request, timeout=timeout), retried on UNAVAILABLE / DEADLINE_EXCEEDED for up to `patience` seconds."""
+    give_up = time.monotonic() + patience
+    delay = 0.2
+    while True:
+        try:
+            return fn(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            if code in RETRYABLE and time.monotonic() + delay < give_up:
+                log.warning("%s at %s: %s (%s); retrying", what, address, code.name, details)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            raise PeerError(f"{what} at {address} failed: {code.name}: {details}") from None
+
+
+class BufferClient:
+    def __init__(self, address: str, token: str | None, consumer: str = "trainer") -> None:
+        self.address, self.consumer = address, consumer
+        self._channel = channel(address, token)
+        self._stub = buffer_pb2_grpc.BufferStub(self._channel)
+
+    def get_batch(self, step: int, num_groups: int, policy_version: int) -> buffer_pb2.Batch:
+        """Block until the buffer delivers the complete batch for `step`."""
+        req = buffer_pb2.GetBatchRequest(step=step, num_groups=num_groups, policy_version=policy_version,
+                                         wait_seconds=BATCH_POLL, consumer=self.consumer)
+        while True:
+            batch = call("Buffer.GetBatch", self.address, self._stub.GetBatch, req, BATCH_POLL + DEFAULT_DEADLINE)
+            if batch.complete:
+                if len(batch.group_ids) != num_groups:
+                    raise PeerError(f"Buffer.GetBatch at {self.address}: step {step} came with "
+                                    f"{len(batch.group_ids)} groups, asked for {num_groups}")
+                return batch
+
+    def ack(self, committed_step: int) -> int:
+        reply = call("Buffer.Ack", self.address, self._stub.Ack,
+                     buffer_pb2.AckRequest(committed_step=committed_step, consumer=self.consumer), DEFAULT_DEADLINE)
+        return reply.acked_samples
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class WeightSyncClient:
+    def __init__(self, address: str, token: str | None) -> None:
+        self.address = address
+        self._channel = channel(address, token)
+        self._stub = weight_sync_pb2_grpc.WeightSyncStub(self._channel)
+
+    def publish(self, manifest: weights_pb2.WeightManifest) -> int:
+        return call("WeightSync.Publish", self.address, self._stub.Publish, manifest, DEFAULT_DEADLINE).subscribers
+
+    def verify(self, version: int, wait_seconds: float) -> weight_sync_pb2.VerifyReply:
+        req = weight_sync_pb2.VerifyRequest(version=version, wait_seconds=wait_seconds)
+        return call("WeightSync.Verify", self.address, self._stub.Verify, req, wait_seconds + DEFAULT_DEADLINE)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class RolloutClient:
+    def __init__(self, address: str, token: str | None) -> None:
+        self.address = address
+        self._channel = channel(address, token)
+        self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
+
+    def generate(self, request: rollout_pb2.GenerateRequest, timeout: float) -> rollout_pb2.GenerateReply:
+        return call("Rollout.Generate", self.address, self._stub.Generate, request, timeout)
+
+    def close(self) -> None:
+        self._channel.close()

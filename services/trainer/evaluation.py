@@ -1,0 +1,101 @@
+"""Held-out evaluation: greedy generations from the rollout replicas, scored with the reward function."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rlfleet.config import Config
+from rlfleet.packing import pack_i32, unpack_f32, unpack_i32
+from rlfleet.plugins import load_callable, load_factory
+from rlfleet.protocols import Prompt, reward_total
+from rlfleet.sample import Sample, Status
+from rlfleet.v1 import rollout_pb2
+from services.trainer.clients import RolloutClient
+
+log = logging.getLogger(__name__)
+
+GENERATE_TIMEOUT = 900.0     # seconds for one replica's share (it may first wait for min_version)
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids win; then chat messages (chat template); then text."""
+    if prompt.token_ids is not None:
+        return list(prompt.token_ids)
+    if prompt.messages is not None:
+        return list(tokenizer.apply_chat_template([dict(m) for m in prompt.messages], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+    if prompt.text is None:
+        raise ValueError(f"eval prompt {prompt.index} has no token_ids, messages or text")
+    return list(tokenizer.encode(prompt.text))
+
+
+class Evaluator:
+    """Rank 0 only. Loads the eval prompts once; `run(version)` returns eval/* metrics."""
+
+    def __init__(self, cfg: Config, token: str | None) -> None:
+        from transformers import AutoTokenizer
+
+        ev = cfg.eval
+        assert ev.data_source is not None
+        if not cfg.endpoints.rollout:
+            raise ValueError("eval.data_source is set but endpoints.rollout lists no replica")
+        source = load_factory(ev.data_source, "data_source", dict(ev.data_args))
+        self.reward_fn = load_callable(ev.reward_fn or cfg.rollout.reward_fn, "reward_fn")
+        self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model_path))
+        self.prompts = [source[i] for i in range(min(len(source), ev.max_prompts))]
+        self.encoded = [encode_prompt(self.tokenizer, p) for p in self.prompts]
+        eos = self.tokenizer.eos_token_id
+        self.sampling = rollout_pb2.SamplingParams(
+            temperature=0.0, top_p=1.0, top_k=0,
+            max_new_tokens=ev.max_new_tokens or cfg.rollout.sampling.max_new_tokens,
+            stop_token_ids=pack_i32([eos] if eos is not None else []))
+        self.clients = [RolloutClient(addr, token) for addr in cfg.endpoints.rollout]
+        self.batch_size = cfg.rollout.max_batch_size
+
+    def _generate(self, client: RolloutClient, rows: Sequence[int], version: int) -> list[rollout_pb2.Generation]:
+        out: list[rollout_pb2.Generation] = []
+        for lo in range(0, len(rows), self.batch_size):
+            chunk = rows[lo:lo + self.batch_size]
+            req = rollout_pb2.GenerateRequest(input_ids=[pack_i32(self.encoded[i]) for i in chunk],
+                                              sampling=self.sampling, min_version=version, return_logprobs=True)
+            reply = client.generate(req, GENERATE_TIMEOUT)
+            if len(reply.generations) != len(chunk):
+                raise RuntimeError(f"Rollout.Generate at {client.address} returned {len(reply.generations)} "
+                                   f"generations for {len(chunk)} prompts")
+            out.extend(reply.generations)
+        return out
+
+    def run(self, version: int) -> dict[str, float]:
+        n, k = len(self.prompts), len(self.clients)
+        shares = [list(range(n))[i * n // k:(i + 1) * n // k] for i in range(k)]
+        with ThreadPoolExecutor(max_workers=k) as pool:
+            results = list(pool.map(lambda ck: self._generate(ck[0], ck[1], version), zip(self.clients, shares,
+                                                                                          strict=True)))
+        rewards: list[float] = []
+        for rows, gens in zip(shares, results, strict=True):
+            for i, gen in zip(rows, gens, strict=True):
+                rewards.append(self._score(i, gen))
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        passed = sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0
+        log.info("eval at version %d: reward_mean %.4f, pass_rate %.4f over %d prompts", version, mean, passed, n)
+        return {"eval/reward_mean": mean, "eval/pass_rate": passed, "eval/prompts": float(n),
+                "eval/version": float(version)}
+
+    def _score(self, row: int, gen: rollout_pb2.Generation) -> float:
+        prompt, prompt_ids = self.prompts[row], self.encoded[row]
+        output = unpack_i32(gen.output_ids).tolist()
+        logprobs = unpack_f32(gen.logprobs).tolist() if gen.logprobs else [0.0] * len(output)
+        sample = Sample(group_id=f"eval-{prompt.index}", index=0, group_size=1, prompt_ids=prompt_ids,
+                        response_ids=output, rollout_logprobs=logprobs,
+                        status=Status.COMPLETED if gen.finish_reason == "stop" else Status.TRUNCATED,
+                        weight_version=gen.weight_version, prompt_index=prompt.index, metadata={"eval": "1"})
+        completion = self.tokenizer.decode(output, skip_special_tokens=True)
+        reward, _parts = reward_total(self.reward_fn(prompt, completion, sample))
+        return reward
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()

@@ -1,0 +1,260 @@
+"""The trainer service: the loop of docs/architecture.md "The trainer step" on every rank; rank 0 also talks to
+Buffer and WeightSync, serves rlfleet.v1.Trainer and writes the metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+
+from rlfleet.atomic import write_text_atomic
+from rlfleet.config import Config, ConfigError
+from rlfleet.metrics import JsonlLog, TrainerMetrics, serve_metrics
+from rlfleet.plugins import load_hooks
+from rlfleet.rpc import Server, wait_healthy
+from rlfleet.service_main import listen_address
+from rlfleet.v1 import buffer_pb2, trainer_pb2_grpc
+from services.trainer import checkpoint
+from services.trainer.algorithms import resolve
+from services.trainer.backends.fsdp import FsdpBackend, init_distributed, trainer_device
+from services.trainer.batch import rank_groups
+from services.trainer.clients import BufferClient, WeightSyncClient
+from services.trainer.collectives import all_reduce_sum, broadcast_bytes
+from services.trainer.evaluation import Evaluator
+from services.trainer.hooks import call_hooks
+from services.trainer.publisher import WeightPublisher
+from services.trainer.servicer import TrainerServicer, TrainerState
+from services.trainer.step import StepContext
+
+log = logging.getLogger(__name__)
+
+PEER_STARTUP_WAIT = 120.0     # seconds to wait for Buffer and WeightSync to report healthy at start
+
+
+def validate(cfg: Config, world_size: int) -> None:
+    """Raise ConfigError for a trainer config this world size cannot run."""
+    t = cfg.trainer
+    if t.world_size != world_size:
+        raise ConfigError(f"trainer.world_size={t.world_size} but WORLD_SIZE={world_size}")
+    if t.groups_per_step % (world_size * t.minibatches):
+        raise ConfigError(f"trainer.groups_per_step={t.groups_per_step} must be divisible by "
+                          f"world_size*minibatches={world_size}*{t.minibatches}: each rank trains on whole groups")
+    for name in ("buffer", "weight_sync", "trainer", "trainer_data"):
+        if not getattr(cfg.endpoints, name):
+            raise ConfigError(f"endpoints.{name} is empty")
+    if t.checkpoint_every % t.publish_every:
+        log.warning("trainer.checkpoint_every=%d is not a multiple of publish_every=%d: a resumed trainer "
+                    "re-publishes weights that differ from those first published under its version",
+                    t.checkpoint_every, t.publish_every)
+
+
+@dataclass
+class Leader:
+    """Rank 0's connections and outputs."""
+
+    state: TrainerState
+    server: Server
+    buffer: BufferClient
+    weight_sync: WeightSyncClient
+    publisher: WeightPublisher
+    evaluator: Evaluator | None
+    jsonl: JsonlLog
+    prom: TrainerMetrics
+
+    def close(self) -> None:
+        for closer in (self.publisher.close, self.buffer.close, self.weight_sync.close, self.jsonl.close,
+                       lambda: self.server.stop(0.5), self.evaluator.close if self.evaluator else None):
+            if closer is None:
+                continue
+            try:
+                closer()
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.warning("closing: %s", exc)
+
+
+class Trainer:
+    """One rank of the trainer. `run()` trains to trainer.steps and returns the summary (rank 0)."""
+
+    def __init__(self, cfg: Config, token: str | None, rank: int, world_size: int, listen: str | None = None,
+                 metrics_port: int = 0) -> None:
+        validate(cfg, world_size)
+        self.cfg, self.token, self.rank, self.world_size = cfg, token, rank, world_size
+        self.listen, self.metrics_port = listen, metrics_port
+        self.run_dir = cfg.run_dir
+        torch.set_num_threads(cfg.trainer.threads)
+        torch.manual_seed(cfg.run.seed + rank)
+        self.device = trainer_device(cfg.trainer.device, rank)
+        self.hooks = load_hooks(cfg.trainer.hooks)
+        advantage_fn, loss_fn = resolve(cfg.trainer)
+        t = cfg.trainer
+        self.ctx = StepContext(advantage_fn=advantage_fn, loss_fn=loss_fn, hooks=self.hooks,
+                               temperature=cfg.rollout.sampling.temperature, minibatches=t.minibatches,
+                               grad_clip=t.grad_clip, world_size=world_size, device=self.device)
+        self.leader: Leader | None = None
+        self.version = 0
+        self.committed = -1
+
+    # -- start-up -------------------------------------------------------------------------------------------------
+
+    def _start_leader(self) -> Leader:
+        cfg = self.cfg
+        state = TrainerState(total_steps=cfg.trainer.steps, world_size=self.world_size)
+        server = Server(listen_address(cfg.endpoints.trainer, self.listen), self.token)
+        server.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(state), "rlfleet.v1.Trainer")
+        server.start()
+        registry = CollectorRegistry()
+        prom = TrainerMetrics(registry)
+        serve_metrics(registry, self.metrics_port)
+        for name in ("buffer", "weight_sync"):
+            address = getattr(cfg.endpoints, name)
+            try:
+                wait_healthy(address, timeout=PEER_STARTUP_WAIT)
+            except TimeoutError as exc:
+                server.stop(0)
+                raise RuntimeError(f"{name} at {address} is not reachable: {exc}") from None
+        ws = WeightSyncClient(cfg.endpoints.weight_sync, self.token)
+        evaluator = Evaluator(cfg, self.token) if cfg.eval.data_source else None
+        return Leader(state=state, server=server, buffer=BufferClient(cfg.endpoints.buffer, self.token),
+                      weight_sync=ws, publisher=WeightPublisher(cfg, self.token, ws), evaluator=evaluator,
+                      jsonl=JsonlLog(self.run_dir / "metrics" / "trainer.jsonl"), prom=prom)
+
+    def _resume(self, backend: FsdpBackend) -> int:
+        """Load the newest checkpoint when run.resume is set; returns the first step to train."""
+        if not self.cfg.run.resume:
+            if self.rank == 0 and checkpoint.latest(self.run_dir) is not None:
+                log.warning("%s holds checkpoints but run.resume is false: starting from the model at step 0",
+                            self.run_dir)
+            return 0
+        info = checkpoint.latest(self.run_dir)
+        if info is None:
+            log.info("run.resume is set but %s holds no complete checkpoint: starting at step 0", self.run_dir)
+            return 0
+        checkpoint.load(info, backend.model, backend.optimizer, self.device)
+        self.version, self.committed = info.version, info.step
+        log.info("resumed from %s: step %d, version %d", info.path, info.step, info.version)
+        if self.leader:
+            self.leader.state.update(step=info.step + 1, weight_version=info.version, last_checkpoint=str(info.path))
+        return info.step + 1
+
+    # -- pieces of a step -----------------------------------------------------------------------------------------
+
+    def _publish(self, backend: FsdpBackend, version: int, step: int) -> None:
+        state = backend.full_state_dict()               # collective
+        if self.leader:
+            self.leader.publisher.publish(version, step, state)
+            self.leader.prom.weight_version.set(version)
+            self.leader.state.update(weight_version=version)
+        self.version = version
+
+    def _checkpoint(self, backend: FsdpBackend, step: int) -> None:
+        path = checkpoint.save(self.run_dir, step, self.version, backend.model, backend.optimizer, self.device,
+                               self.cfg.trainer.keep_checkpoints)
+        call_hooks(self.hooks, "after_save", step, str(path))
+        if self.leader:
+            acked = self.leader.buffer.ack(step)
+            self.leader.state.checkpoint_taken(step, str(path))
+            log.info("checkpoint %s; acked %d samples up to step %d", path, acked, step)
+        self.committed = step
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        if not (self.leader and self.leader.evaluator):
+            return {}
+        metrics = self.leader.evaluator.run(self.version)
+        self.leader.jsonl.write({"step": step, "version": self.version, **metrics})
+        return metrics
+
+    def _fetch_batch(self, step: int) -> buffer_pb2.Batch:
+        data = None
+        if self.leader:
+            data = self.leader.buffer.get_batch(step, self.cfg.trainer.groups_per_step, self.version) \
+                .SerializeToString()
+        return buffer_pb2.Batch.FromString(broadcast_bytes(data, self.device))
+
+    def _log_step(self, step: int, metrics: dict[str, float], step_s: float, wait_s: float, redelivered: bool) -> None:
+        if not self.leader:
+            return
+        record: dict[str, Any] = {"step": step, **metrics, "step_seconds": step_s, "wait_seconds": wait_s,
+                                  "version": self.version, "redelivered": redelivered,
+                                  "samples_per_s": metrics["samples"] / max(step_s + wait_s, 1e-9)}
+        self.leader.jsonl.write(record)
+        p = self.leader.prom
+        p.step.set(step + 1)
+        p.last_step_time.set(time.time())
+        p.step_seconds.observe(step_s)
+        p.batch_wait_seconds.observe(wait_s)
+        p.loss.set(metrics["loss"])
+        p.reward.set(metrics["reward_mean"])
+        p.tis_ratio.set(metrics.get("tis_weight_mean", 0.0))
+        p.tis_clip.set(metrics.get("tis_clip_fraction", 0.0))
+        p.logprob_diff.set(metrics.get("logprob_abs_diff", 0.0))
+        self.leader.state.update(step=step + 1, metrics={k: float(v) for k, v in metrics.items()})
+
+    # -- the loop -------------------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        init_distributed(self.cfg.endpoints.rendezvous, self.rank, self.world_size, self.device)
+        try:
+            if self.rank == 0:
+                self.leader = self._start_leader()
+            return self._train()
+        finally:
+            if self.leader:
+                self.leader.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def _train(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        backend = FsdpBackend(self.cfg, self.rank, self.world_size, self.device, self.hooks)
+        self.ctx = replace(self.ctx, pad_id=backend.pad_id)
+        start = self._resume(backend)
+        if self.leader and self.committed >= 0:
+            self.leader.buffer.ack(self.committed)
+        self._publish(backend, self.version, max(self.committed, 0))
+        eval_metrics = self._evaluate(start) if start < t.steps else {}
+        last: dict[str, float] = {}
+        for step in range(start, t.steps):
+            t0 = time.monotonic()
+            batch = self._fetch_batch(step)
+            t1 = time.monotonic()
+            last = backend.train_step(rank_groups(batch, self.rank, self.world_size, t.minibatches), step, self.ctx)
+            t2 = time.monotonic()
+            final = step == t.steps - 1
+            if (step + 1) % t.publish_every == 0:
+                self._publish(backend, (step + 1) // t.publish_every, step)
+            elif final:                                  # the last weights always reach the replicas
+                self._publish(backend, self.version + 1, step)
+            t3 = time.monotonic()
+            requested = self.leader is not None and self.leader.state.checkpoint_requested()
+            requested = all_reduce_sum([float(requested)], self.device)[0] > 0
+            if final or requested or (step + 1) % t.checkpoint_every == 0:
+                self._checkpoint(backend, step)
+            t4 = time.monotonic()
+            last = {**last, "train_seconds": t2 - t1, "publish_seconds": t3 - t2, "checkpoint_seconds": t4 - t3}
+            self._log_step(step, last, t4 - t1, t1 - t0, batch.redelivered)
+            if t.steps and self.cfg.eval.every_steps and (step + 1) % self.cfg.eval.every_steps == 0 and not final:
+                self._evaluate(step + 1)
+        return self._finish(last, eval_metrics)
+
+    def _finish(self, last: dict[str, float], eval_before: dict[str, float]) -> dict[str, Any]:
+        if not self.leader:
+            return {}
+        verify = self.leader.weight_sync.verify(self.version, self.cfg.weight_sync.update_timeout)
+        if not verify.all_current:
+            log.warning("not every replica acknowledged the final version %d", self.version)
+        eval_after = self._evaluate(self.cfg.trainer.steps)
+        self.leader.state.update(finished=True)
+        summary = {"finished": True, "steps": self.cfg.trainer.steps, "committed_step": self.committed,
+                   "version": self.version,
+                   "last_checkpoint": self.leader.state.last_checkpoint, "world_size": self.world_size,
+                   "final_metrics": last, "eval_before": eval_before, "eval_after": eval_after,
+                   "replicas_current": bool(verify.all_current)}
+        write_text_atomic(Path(self.run_dir) / "trainer_done.json", json.dumps(summary, indent=1, default=float))
+        return summary

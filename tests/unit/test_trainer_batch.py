@@ -1,0 +1,81 @@
+"""Samples -> TrainBatch, rank slices of a buffer batch, and response-token logprobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlfleet.sample import Sample
+from rlfleet.v1 import buffer_pb2
+from services.trainer.batch import build_train_batch, forward_logprobs, group_samples, rank_groups, response_logprobs
+from tests.support.tiny_model import make_tiny_model
+
+
+def _sample(gid: str, index: int, prompt: list[int], response: list[int], mask: list[int] | None = None,
+            reward: float = 0.0, version: int = 0) -> Sample:
+    return Sample(group_id=gid, index=index, group_size=2, prompt_ids=prompt, response_ids=response,
+                  rollout_logprobs=[-0.5 - i for i in range(len(response))], loss_mask=mask, reward=reward,
+                  weight_version=version)
+
+
+def test_build_train_batch_pads_and_masks() -> None:
+    samples = [_sample("a", 0, [1, 4], [5, 6, 2], mask=[1, 0, 1], reward=1.0, version=3),
+               _sample("a", 1, [1, 4, 7], [8], reward=0.5),
+               _sample("b", 0, [1], [], reward=-1.0, version=2)]
+    b = build_train_batch(samples, pad_id=0)
+    assert torch.equal(b.input_ids, torch.tensor([[1, 4, 5, 6, 2], [1, 4, 7, 8, 0], [1, 0, 0, 0, 0]]))
+    assert torch.equal(b.attention_mask, torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]]))
+    assert torch.equal(b.response_start, torch.tensor([2, 3, 1]))
+    assert torch.equal(b.response_mask, torch.tensor([[1.0, 0, 1], [1, 0, 0], [0, 0, 0]]))
+    assert torch.equal(b.rollout_logprobs, torch.tensor([[-0.5, -1.5, -2.5], [-0.5, 0, 0], [0, 0, 0]]))
+    assert torch.equal(b.rewards, torch.tensor([1.0, 0.5, -1.0]))
+    assert torch.equal(b.group_index, torch.tensor([0, 0, 1]))
+    assert torch.equal(b.weight_versions, torch.tensor([3, 0, 2]))
+    assert b.sample_ids == ["a/0", "a/1", "b/0"]
+
+
+def test_empty_prompt_masks_the_unpredictable_first_token() -> None:
+    b = build_train_batch([_sample("a", 0, [], [3, 4])])
+    assert torch.equal(b.response_mask, torch.tensor([[0.0, 1.0]]))
+
+
+def test_rank_groups_slices_whole_groups_in_order() -> None:
+    msgs = [_sample(g, i, [1], [5]).to_proto() for g in ("g2", "g0", "g1", "g3") for i in (1, 0)]
+    batch = buffer_pb2.Batch(step=4, samples=msgs, group_ids=["g2", "g0", "g1", "g3"], complete=True)
+    r0, r1 = rank_groups(batch, 0, 2), rank_groups(batch, 1, 2)
+    assert [[s.sample_id for s in g] for g in r0] == [["g2/0", "g2/1"], ["g0/0", "g0/1"]]
+    assert [[s.sample_id for s in g] for g in r1] == [["g1/0", "g1/1"], ["g3/0", "g3/1"]]
+    with pytest.raises(ValueError, match="not divisible"):
+        rank_groups(batch, 0, 3)
+    # two minibatches: {g2, g0} then {g1, g3}; each rank takes its half of each
+    assert [g[0].group_id for g in rank_groups(batch, 0, 2, minibatches=2)] == ["g2", "g1"]
+    assert [g[0].group_id for g in rank_groups(batch, 1, 2, minibatches=2)] == ["g0", "g3"]
+    assert [g[0].group_id for g in group_samples([s for g in r1 for s in g])] == ["g1", "g3"]
+
+
+def test_response_logprobs_from_logits_with_temperature() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(1, 4, 5)                                # [S=1, L=4, V=5]
+    b = build_train_batch([_sample("a", 0, [1, 2], [3, 4])])
+    for temp in (0.0, 1.0, 0.7):
+        got = response_logprobs(logits, b, temp)                 # [1, 2]
+        scale = temp or 1.0
+        ref = torch.log_softmax(logits / scale, dim=-1)
+        expected = torch.tensor([[ref[0, 1, 3], ref[0, 2, 4]]])  # token at i is predicted by the logit at i - 1
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
+def test_model_logprobs_do_not_depend_on_padding(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(make_tiny_model(tmp_path / "m")), dtype=torch.float32).eval()
+    long = _sample("a", 0, [1, 5, 6, 7], [8, 9, 10, 2])
+    short = _sample("a", 1, [1, 5], [11])
+    with torch.no_grad():
+        both = forward_logprobs(model, build_train_batch([long, short]), 0.8)   # [2, 4]
+        alone = forward_logprobs(model, build_train_batch([short]), 0.8)        # [1, 1]
+    torch.testing.assert_close(both[1, :1], alone[0], atol=1e-5, rtol=0)
+    assert both.shape == (2, 4) and torch.isfinite(both).all() and (both[0] < 0).all()

@@ -1,0 +1,135 @@
+"""FSDP2 over gloo: 2 ranks train exactly like 1 rank on the same batches; resuming a checkpoint continues
+bit-identically (weights, optimizer, RNG, step, version)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from rlfleet.config import Config, parse_config
+from rlfleet.sample import Sample
+from rlfleet.v1 import buffer_pb2
+from services.trainer import checkpoint
+from services.trainer.algorithms import resolve
+from services.trainer.backends.fsdp import FsdpBackend, init_distributed
+from services.trainer.batch import rank_groups
+from services.trainer.collectives import broadcast_bytes
+from services.trainer.step import StepContext
+from tests.support.tiny_model import make_tiny_model
+
+STEPS = 3
+GROUPS = 4
+
+
+def _config(run_dir: Path, model_dir: Path, world: int) -> Config:
+    return parse_config({
+        "run": {"dir": str(run_dir)}, "model": {"path": str(model_dir)},
+        "rollout": {"data_source": "x:y", "reward_fn": "x:y", "group_size": 2, "sampling": {"temperature": 0.9}},
+        "trainer": {"world_size": world, "groups_per_step": GROUPS, "minibatches": 2, "lr": 1e-3, "grad_clip": 0.5,
+                    "weight_decay": 0.01, "tis": {"mode": "tis", "clip": 1.2}, "keep_checkpoints": 1},
+    })
+
+
+def batch_for(step: int) -> buffer_pb2.Batch:
+    """GROUPS groups of 2 samples with different lengths and rewards; rollout logprobs off by a little."""
+    g = torch.Generator().manual_seed(step)
+    samples, gids = [], []
+    for gi in range(GROUPS):
+        gid = f"s{step}g{gi}"
+        gids.append(gid)
+        for i in range(2):
+            p, t = 2 + (gi + i) % 3, 2 + (gi * 2 + i) % 4
+            ids = torch.randint(3, 19, (p + t,), generator=g).tolist()
+            samples.append(Sample(group_id=gid, index=i, group_size=2, prompt_ids=[1, *ids[:p]],
+                                  response_ids=ids[p:], rollout_logprobs=(-2.5 - torch.rand(t, generator=g)).tolist(),
+                                  loss_mask=[1] * (t - 1) + [i % 2], reward=float(torch.rand(1, generator=g)))
+                           .to_proto())
+    return buffer_pb2.Batch(step=step, samples=samples, group_ids=gids, complete=True)
+
+
+def _worker(rank: int, world: int, port: int, run_dir: str, model_dir: str, mode: str, out: str) -> None:
+    torch.set_num_threads(1)
+    cfg, device = _config(Path(run_dir), Path(model_dir), world), torch.device("cpu")
+    init_distributed(f"127.0.0.1:{port}", rank, world, device)
+    try:
+        torch.manual_seed(100 + rank)
+        backend = FsdpBackend(cfg, rank, world, device)
+        advantage_fn, loss_fn = resolve(cfg.trainer)
+        ctx = StepContext(advantage_fn, loss_fn, (), temperature=0.9, minibatches=2, grad_clip=0.5, world_size=world,
+                          device=device, pad_id=backend.pad_id)
+        start, version = 0, 0
+        if mode == "resume":
+            info = checkpoint.latest(Path(run_dir))
+            assert info is not None
+            checkpoint.load(info, backend.model, backend.optimizer, device)
+            start, version = info.step + 1, info.version
+        records, draws = [], []
+        for step in range(start, STEPS):
+            data = broadcast_bytes(batch_for(step).SerializeToString() if rank == 0 else None, device)
+            groups = rank_groups(buffer_pb2.Batch.FromString(data), rank, world, 2)
+            records.append({"step": step, **backend.train_step(groups, step, ctx)})
+            draws.append(torch.rand(2).tolist())            # stands in for dropout: consumes the RNG
+            version += 1
+            if mode == "checkpoint" and step == 0:
+                checkpoint.save(Path(run_dir), step, version, backend.model, backend.optimizer, device, keep=1)
+        state = backend.full_state_dict()
+        if rank == 0:
+            save_file({k: v.clone() for k, v in state.items()}, str(Path(out) / "weights.safetensors"))
+        Path(out, f"records{rank}.json").write_text(json.dumps({"records": records, "draws": draws,
+                                                                "version": version}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world: int, run_dir: Path, model_dir: Path, mode: str, out: Path) -> dict:
+    out.mkdir(parents=True)
+    mp.spawn(_worker, args=(world, _free_port(), str(run_dir), str(model_dir), mode, str(out)), nprocs=world,
+             join=True)
+    return {"weights": load_file(str(out / "weights.safetensors")),
+            **{f"rank{r}": json.loads((out / f"records{r}.json").read_text()) for r in range(world)}}
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_equal_one_rank_and_resume_is_bit_identical(tmp_path: Path) -> None:
+    model_dir = make_tiny_model(tmp_path / "model")
+    two = _spawn(2, tmp_path / "run2", model_dir, "checkpoint", tmp_path / "out2")
+    one = _spawn(1, tmp_path / "run1", model_dir, "train", tmp_path / "out1")
+
+    # same loss and metrics, same weights (to 1e-5)
+    for a, b in zip(one["rank0"]["records"], two["rank0"]["records"], strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+    assert two["rank0"]["records"] == two["rank1"]["records"]          # every rank reports the global metrics
+    assert one["rank0"]["records"][0]["samples"] == 2 * GROUPS
+    assert one["weights"].keys() == two["weights"].keys()
+    for name, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], w, atol=1e-5, rtol=0, msg=name)
+    initial = load_file(str(model_dir / "model.safetensors"))
+    assert any(not torch.equal(initial[k], two["weights"][k]) for k in initial)   # it did train
+
+    ckpt = checkpoint.latest(tmp_path / "run2")
+    assert ckpt is not None and (ckpt.step, ckpt.version, ckpt.world_size) == (0, 1, 2)
+    assert ckpt.path.name == "step_00000000"
+    assert not list((tmp_path / "run2" / "checkpoints").glob(".tmp-*"))
+
+    resumed = _spawn(2, tmp_path / "run2", model_dir, "resume", tmp_path / "out3")
+    for name, w in two["weights"].items():
+        assert torch.equal(resumed["weights"][name], w), name
+    for r in (0, 1):
+        assert resumed[f"rank{r}"]["records"] == two[f"rank{r}"]["records"][1:]
+        assert resumed[f"rank{r}"]["draws"] == two[f"rank{r}"]["draws"][1:]
+        assert resumed[f"rank{r}"]["version"] == two[f"rank{r}"]["version"] == STEPS
