@@ -1,0 +1,23 @@
+"""Why a buffer call is refused; the gRPC servicer maps each to a status code."""
+
+from __future__ import annotations
+
+
+class BufferRefusal(Exception):
+    """Base class: the call was refused and nothing changed."""
+
+
+class InvalidSample(BufferRefusal):
+    """A malformed sample (INVALID_ARGUMENT)."""
+
+
+class UnknownGroup(BufferRefusal):
+    """A sample for a group the buffer never issued (FAILED_PRECONDITION)."""
+
+
+class BufferFull(BufferRefusal):
+    """Capacity stayed full for the whole wait (RESOURCE_EXHAUSTED)."""
+
+
+class StepCommitted(BufferRefusal):
+    """GetBatch for a step that is already acknowledged (FAILED_PRECONDITION)."""

@@ -1,0 +1,118 @@
+"""The buffer's state changes as records: every store persists these, and State.apply replays them.
+
+A record is a small JSON header plus, for a sample, its raw serialized Sample bytes as the payload.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A ticket issued (or re-issued after its lease expired) to a replica."""
+
+    gid: str
+    prompt_index: int
+    group_size: int
+    deadline: float          # wall-clock time the lease ends
+    replica: str
+
+
+@dataclass(frozen=True)
+class Add:
+    """One accepted sample; data is the serialized rlfleet.v1.Sample, never decoded here."""
+
+    gid: str
+    index: int
+    seq: int                 # store-wide sequence number (the Redis stream id is 0-seq)
+    weight_version: int
+    status: int
+    reward: float
+    data: bytes = field(repr=False, default=b"")
+
+
+@dataclass(frozen=True)
+class Close:
+    """A complete group: kept samples become ready (seq names its ready entry), the rest are dropped."""
+
+    gid: str
+    kept: tuple[int, ...]
+    seq: int
+    drops: dict[str, int]            # reason -> samples dropped
+    drop_seqs: tuple[int, ...]       # sample seqs that leave the store
+
+
+@dataclass(frozen=True)
+class Stale:
+    """Ready groups dropped at GetBatch because a sample is older than policy_version - max_staleness."""
+
+    gids: tuple[str, ...]
+    ready_seqs: tuple[int, ...]
+    sample_seqs: tuple[int, ...]
+    samples: int
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """The batch for a trainer step: ready groups, oldest first."""
+
+    step: int
+    gids: tuple[str, ...]
+    ready_seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AckSteps:
+    """Every batch with step <= committed_step is acknowledged and leaves the store."""
+
+    committed_step: int
+    steps: tuple[int, ...]
+    ready_seqs: tuple[int, ...]
+    sample_seqs: tuple[int, ...]
+    samples: int
+    groups: int
+
+
+@dataclass(frozen=True)
+class Policy:
+    version: int
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Absolute counters and cursor: the last record of a snapshot."""
+
+    next_prompt_index: int
+    seq: int
+    put_samples: int
+    acked_samples: int
+    acked_groups: int
+    committed_step: int
+    policy_version: int
+    dropped: dict[str, int]
+
+
+Mutation = Issue | Add | Close | Stale | Deliver | AckSteps | Policy | Counters
+_TYPES: dict[str, type] = {t.__name__: t for t in (Issue, Add, Close, Stale, Deliver, AckSteps, Policy, Counters)}
+
+
+def encode(m: Mutation) -> tuple[bytes, bytes]:
+    """(JSON header, payload) of one mutation."""
+    fields = asdict(m)
+    payload = fields.pop("data", b"")
+    fields["t"] = type(m).__name__
+    return json.dumps(fields, separators=(",", ":")).encode(), payload
+
+
+def decode(header: bytes, payload: bytes) -> Mutation:
+    fields: dict[str, Any] = json.loads(header)
+    cls = _TYPES[fields.pop("t")]
+    for key, value in fields.items():
+        if isinstance(value, list):
+            fields[key] = tuple(value)
+    if cls is Add:
+        fields["data"] = payload
+    return cls(**fields)

@@ -1,0 +1,81 @@
+"""Wire the buffer together from a config: store, filters, metrics, gRPC server. Runs until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+
+from prometheus_client import CollectorRegistry
+
+from rlfleet.config import Config
+from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
+from rlfleet.plugins import PluginError
+from rlfleet.rpc import Server
+from rlfleet.service_main import listen_address, parse_service_args
+from rlfleet.v1 import buffer_pb2_grpc
+from services.buffer.core import BufferCore
+from services.buffer.filters import load_filters
+from services.buffer.service import BufferService
+from services.buffer.settings import BufferSettings
+from services.buffer.stores import StoreError
+from services.buffer.stores.factory import open_store
+
+log = logging.getLogger("buffer")
+SERVICE_NAME = "rlfleet.v1.Buffer"
+
+
+def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience: float = 30.0) -> BufferCore:
+    """Open the store (retrying while it is unreachable, e.g. Redis still starting) and load the state."""
+    metrics = BufferMetrics(registry) if registry is not None else None
+    filters = load_filters(cfg.buffer.filters)
+    end = time.monotonic() + patience
+    while True:
+        try:
+            return BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics)
+        except StoreError as exc:
+            if time.monotonic() > end:
+                raise
+            log.warning("store not ready (%s); retrying", exc)
+            time.sleep(1.0)
+
+
+def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
+    server = Server(bind, token, max_workers=64)     # Claim/Put/GetBatch may each hold a worker while waiting
+    server.add(buffer_pb2_grpc.add_BufferServicer_to_server, BufferService(core), SERVICE_NAME)
+    server.start()
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_service_args("buffer", argv)
+    cfg = args.config
+    registry = CollectorRegistry()
+    try:
+        core = build_core(cfg, registry)
+    except (StoreError, PluginError, RuntimeError) as exc:
+        print(f"buffer: cannot start: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    bind = listen_address(cfg.endpoints.buffer, args.listen)
+    server = start_server(core, bind, args.token)
+    serve_metrics(registry, args.metrics_port)
+    jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
+    log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, server.port)
+    while not stop.wait(10.0):
+        try:
+            s = core.stats()
+        except StoreError as exc:
+            log.warning("stats unavailable: %s", exc)
+            continue
+        jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
+                     "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
+    server.stop(grace=2.0)
+    core.close()
+    jsonl.close()
+    log.info("buffer stopped")
+    return 0

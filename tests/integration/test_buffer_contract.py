@@ -1,0 +1,329 @@
+"""The buffer contract, run against both stores (embedded log, real redis-server) through BufferCore."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlfleet.v1 import sample_pb2
+from services.buffer.core import BufferCore
+from services.buffer.errors import BufferFull, InvalidSample, StepCommitted, UnknownGroup
+from services.buffer.filters import load_filters
+from services.buffer.settings import BufferSettings
+from services.buffer.stores import StoreError
+from services.buffer.stores.embedded import EmbeddedStore
+from services.buffer.stores.redis_streams import RedisStore
+from tests.support.redis_server import RedisServer
+
+COMPLETED, FAILED, ABORTED = (sample_pb2.SAMPLE_STATUS_COMPLETED, sample_pb2.SAMPLE_STATUS_FAILED,
+                              sample_pb2.SAMPLE_STATUS_ABORTED)
+_prefixes = itertools.count()
+
+
+def make_sample(gid: str, index: int, group_size: int, prompt_index: int | None = None, tokens: int = 4,
+                reward: float | None = None, version: int = 0, status: int = COMPLETED) -> sample_pb2.Sample:
+    """A well-formed sample; reward defaults to the index so groups are not all-equal."""
+    return sample_pb2.Sample(
+        group_id=gid, index=index, group_size=group_size,
+        prompt_index=int(gid[1:]) if prompt_index is None else prompt_index,
+        prompt_ids=np.arange(3, dtype="<i4").tobytes(), response_ids=np.arange(tokens, dtype="<i4").tobytes(),
+        loss_mask=np.ones(tokens, dtype="u1").tobytes(), rollout_logprobs=np.full(tokens, -0.5, "<f4").tobytes(),
+        reward=float(index) if reward is None else reward, status=status, weight_version=version)
+
+
+def group(ticket_gid: str, size: int, **kw: object) -> list[sample_pb2.Sample]:
+    return [make_sample(ticket_gid, i, size, **kw) for i in range(size)]  # type: ignore[arg-type]
+
+
+def drop_prompt_one(group: list) -> str | None:
+    """A user SampleFilter (loaded by dotted path in a test)."""
+    return "prompt 1 is unwanted" if group[0].prompt_index == 1 else None
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+Factory = Callable[..., BufferCore]
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def make_core(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
+    """make_core(**settings) opens a core on this test's store; calling it again simulates a buffer restart."""
+    prefix = f"test{next(_prefixes)}"
+    opened: list[BufferCore] = []
+
+    def make(clock: Callable[[], float] = time.time, filters: tuple[str, ...] = (), **kw: object) -> BufferCore:
+        defaults: dict = dict(capacity=64, group_size=2, groups_per_step=1, steps=100, max_staleness=100,
+                              lease_seconds=60.0, min_valid_per_group=1)
+        settings = BufferSettings(**{**defaults, **kw})
+        if request.param == "embedded":
+            store = EmbeddedStore(tmp_path / "buffer", fsync="always")
+        else:
+            store = RedisStore(request.getfixturevalue("redis_server").url, prefix=prefix)
+        for old in opened:
+            old.close()
+        opened.clear()
+        core = BufferCore(store, settings, load_filters(filters), clock=clock)
+        opened.append(core)
+        return core
+
+    yield make
+    for core in opened:
+        core.close()
+
+
+def claim_one(core: BufferCore, version: int = 0, replica: str = "r0") -> str:
+    res = core.claim(replica, version, 1, 0)
+    assert len(res.tickets) == 1, res.reason
+    return res.tickets[0].group_id
+
+
+def test_put_get_ack_roundtrip(make_core: Factory) -> None:
+    core = make_core(group_size=3)
+    gid = claim_one(core)
+    assert gid == "g0"
+    assert core.put(group(gid, 3)[::-1], 0) == (3, 0)
+    batch = core.get_batch(0, 1, 0, 0)
+    assert batch.complete and not batch.redelivered and batch.group_ids == [gid]
+    assert [sample_pb2.Sample.FromString(d).index for d in batch.samples] == [0, 1, 2]
+    assert batch.samples[1] == make_sample(gid, 1, 3).SerializeToString()      # raw bytes, untouched
+    assert core.stats().delivered_unacked == 3
+    assert core.ack(0) == 3
+    s = core.stats()
+    assert (s.acked_samples, s.put_samples, s.stored_samples, s.delivered_unacked) == (3, 3, 0, 0)
+
+
+def test_duplicates_late_puts_and_unknown_groups(make_core: Factory) -> None:
+    core = make_core()
+    gid = claim_one(core)
+    assert core.put([make_sample(gid, 0, 2)], 0) == (1, 0)
+    assert core.put([make_sample(gid, 0, 2), make_sample(gid, 0, 2)], 0) == (0, 2)
+    assert core.put([make_sample(gid, 1, 2), make_sample(gid, 1, 2)], 0) == (1, 1)
+    core.get_batch(0, 1, 0, 0)
+    core.ack(0)
+    assert core.put(group(gid, 2), 0) == (0, 2)          # committed: ignored
+    core = make_core()                                   # and still ignored after a restart
+    assert core.put(group(gid, 2), 0) == (0, 2)
+    assert core.stats().put_samples == 2
+    with pytest.raises(UnknownGroup):
+        core.put([make_sample("g99", 0, 2)], 0)
+
+
+@pytest.mark.parametrize("breakage", ["lengths", "nan_reward", "status", "size", "group_size"])
+def test_malformed_samples_are_refused_and_never_stored(make_core: Factory, breakage: str) -> None:
+    core = make_core(max_sample_bytes=4096)
+    gid = claim_one(core)
+    bad = make_sample(gid, 1, 2)
+    if breakage == "lengths":
+        bad.rollout_logprobs = np.zeros(3, "<f4").tobytes()
+    elif breakage == "nan_reward":
+        bad.reward = float("nan")
+    elif breakage == "status":
+        bad.status = 17  # type: ignore[assignment]
+    elif breakage == "size":
+        bad.metadata["blob"] = "x" * 5000
+    else:
+        bad.group_size = 3
+    with pytest.raises(InvalidSample) as err:
+        core.put([make_sample(gid, 0, 2), bad], 0)      # the good one in the same call is not stored either
+    assert f"{gid}/1" in str(err.value)
+    assert core.stats().put_samples == 0 and core.stats().stored_samples == 0
+    assert make_core(max_sample_bytes=4096).stats().put_samples == 0
+
+
+def test_staleness_gate_synchronous(make_core: Factory) -> None:
+    core = make_core(max_staleness=0, groups_per_step=2)
+    claim_one(core), claim_one(core)                      # step 0 runs on version 0
+    res = core.claim("r0", 0, 1, 0)
+    assert not res.tickets and "staleness" in res.reason
+    assert claim_one(core, version=1) == "g2"             # step 1 needs version 1
+
+
+def test_staleness_gate_two_versions_ahead(make_core: Factory) -> None:
+    core = make_core(max_staleness=2, groups_per_step=1)
+    assert [claim_one(core) for _ in range(3)] == ["g0", "g1", "g2"]   # steps 0, 1, 2 on version 0
+    assert "staleness" in core.claim("r0", 0, 4, 0).reason
+    assert claim_one(core, version=1) == "g3"
+
+
+def test_stale_groups_dropped_at_get_batch(make_core: Factory) -> None:
+    core = make_core(max_staleness=2)
+    old, new = claim_one(core), claim_one(core)
+    core.put(group(old, 2, version=0), 0)
+    core.put(group(new, 2, version=1), 0)
+    batch = core.get_batch(0, 1, 3, 0)                    # floor = 3 - 2 = 1
+    assert batch.group_ids == [new]
+    assert dict(core.stats().dropped) == {"stale": 2}
+    assert dict(make_core(max_staleness=2).stats().dropped) == {"stale": 2}
+
+
+def test_redelivery_after_trainer_and_buffer_restart(make_core: Factory) -> None:
+    core = make_core()
+    gids = [claim_one(core) for _ in range(3)]
+    for gid in gids:
+        core.put(group(gid, 2), 0)
+    first = core.get_batch(0, 2, 0, 0)
+    again = core.get_batch(0, 2, 0, 0)                    # the trainer restarted before committing step 0
+    assert again.redelivered and again.samples == first.samples
+    core = make_core()                                    # so did the buffer
+    third = core.get_batch(0, 2, 0, 0)
+    assert third.redelivered and third.samples == first.samples and third.group_ids == gids[:2]
+    assert core.get_batch(1, 1, 0, 0).group_ids == [gids[2]]
+    assert core.ack(0) == 4
+    with pytest.raises(StepCommitted):
+        core.get_batch(0, 2, 0, 0)
+    assert make_core().get_batch(1, 1, 0, 0).redelivered
+
+
+def test_lease_expiry_requeues_the_same_prompt(make_core: Factory) -> None:
+    now = [1000.0]
+    core = make_core(clock=lambda: now[0], lease_seconds=10.0, capacity=5)
+    a, b = claim_one(core, replica="dead"), claim_one(core, replica="dead")
+    core.put([make_sample(a, 0, 2)], 0)
+    assert core.stats().tickets_in_flight == 2
+    assert "capacity" in core.claim("live", 0, 1, 0).reason
+    now[0] += 11.0
+    core = make_core(clock=lambda: now[0], lease_seconds=10.0, capacity=5)   # survives a restart too
+    assert core.stats().tickets_in_flight == 0
+    res = core.claim("live", 0, 2, 0)
+    assert [(t.group_id, t.prompt_index) for t in res.tickets] == [(a, 0), (b, 1)]
+    assert core.put(group(a, 2), 0) == (1, 1)             # the dead replica's sample was kept
+    assert core.stats().next_prompt_index == 2
+
+
+def test_failed_aborted_and_min_valid(make_core: Factory) -> None:
+    core = make_core(group_size=4, min_valid_per_group=2)
+    ok, bad = claim_one(core), claim_one(core)
+    core.put([make_sample(ok, 0, 4, status=FAILED), make_sample(ok, 1, 4, status=ABORTED),
+              make_sample(ok, 2, 4), make_sample(ok, 3, 4)], 0)
+    core.put([make_sample(bad, i, 4, status=FAILED if i else COMPLETED) for i in range(4)], 0)
+    batch = core.get_batch(0, 1, 0, 0)
+    assert [sample_pb2.Sample.FromString(d).index for d in batch.samples] == [2, 3]
+    assert dict(core.stats().dropped) == {"failed": 5, "aborted": 1}
+    assert core.stats().ready_groups == 0
+    assert claim_one(core) == "g2"                        # a dropped group frees its place
+
+
+def test_filters_builtin_and_dotted_path(make_core: Factory) -> None:
+    core = make_core(filters=("dynamic_sampling", "tests.integration.test_buffer_contract:drop_prompt_one"))
+    a, b, c = claim_one(core), claim_one(core), claim_one(core)
+    core.put(group(a, 2, reward=1.0), 0)                  # all equal: DAPO drops it
+    core.put(group(b, 2), 0)                              # prompt 1: the user filter drops it
+    core.put(group(c, 2), 0)
+    assert core.get_batch(0, 1, 0, 0).group_ids == [c]
+    assert dict(core.stats().dropped) == {"filtered": 4}
+
+
+def test_put_back_pressure_waits_for_the_consumer(make_core: Factory) -> None:
+    core = make_core(capacity=6)
+    a, b, c = (claim_one(core) for _ in range(3))
+    core.put(group(a, 2), 0)
+    core.put(group(b, 2), 0)
+    core = make_core(capacity=4)                           # restarted with less room: 4 stored, full
+    with pytest.raises(BufferFull):
+        core.put([make_sample(c, 0, 2)], 0)
+    order: list[str] = []
+    putter = threading.Thread(target=lambda: order.append(f"put {core.put([make_sample(c, 0, 2)], 30)}"))
+    putter.start()
+    core.get_batch(0, 1, 0, 0)
+    order.append("got")
+    putter.join()
+    assert order == ["got", "put (1, 0)"]
+
+
+def test_claim_back_pressure_paces_the_producer(make_core: Factory) -> None:
+    steps, core = 8, make_core(capacity=4, steps=8)
+    reasons: list[str] = []
+
+    def produce() -> None:
+        while True:
+            res = core.claim("r0", 0, 4, 30)
+            if res.finished or not res.tickets:
+                reasons.append(res.reason)
+                if res.finished or "claimed" in res.reason:
+                    return
+            for t in res.tickets:
+                core.put(group(t.group_id, 2), 30)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    issued_before_get = []
+    for step in range(steps):
+        expect = min(steps, step + 2)                      # room for exactly 2 groups of 2 beyond those consumed
+        end = time.monotonic() + 30
+        while core.stats().next_prompt_index < expect and time.monotonic() < end:
+            time.sleep(0.02)
+        issued_before_get.append(core.stats().next_prompt_index)
+        assert core.get_batch(step, 1, 0, 30).complete
+        core.ack(step)
+    producer.join(30)
+    assert issued_before_get == [min(steps, s + 2) for s in range(steps)]
+    assert core.stats().finished and core.stats().acked_samples == 2 * steps
+    assert any("capacity" in r for r in reasons) or core.stats().next_prompt_index == steps
+
+
+def test_metrics_follow_the_state(make_core: Factory) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from rlfleet.metrics import BufferMetrics
+
+    core = make_core(max_staleness=0)
+    registry = CollectorRegistry()
+    core.metrics = BufferMetrics(registry)
+    a, b = claim_one(core), claim_one(core, version=1)
+    core.put([make_sample(a, 0, 2), make_sample(a, 1, 2, status=FAILED)], 0)
+    core.put(group(b, 2, version=1), 0)
+    core.get_batch(0, 1, 1, 0)                            # a is stale under policy 1
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("rlfleet_buffer_put_samples_total") == 4
+    assert value("rlfleet_buffer_dropped_samples_total", reason="failed") == 1
+    assert value("rlfleet_buffer_dropped_samples_total", reason="stale") == 1
+    assert value("rlfleet_buffer_delivered_samples_total") == 2
+    assert value("rlfleet_buffer_policy_version") == 1 and value("rlfleet_buffer_depth") == 0
+
+
+def test_redis_groups_read_by_a_dead_consumer_are_queued_again(redis_server: RedisServer) -> None:
+    prefix = f"test{next(_prefixes)}"
+    settings = BufferSettings(capacity=64, group_size=2, groups_per_step=1, min_valid_per_group=1, max_staleness=9)
+    core = BufferCore(RedisStore(redis_server.url, prefix=prefix), settings)
+    gids = [claim_one(core) for _ in range(2)]
+    for gid in gids:
+        core.put(group(gid, 2), 0)
+    core.close()
+    dead = RedisStore(redis_server.url, prefix=prefix)     # read without recording a batch, then die
+    dead.r.xreadgroup("trainer", "someone", {dead.k["ready"]: ">"}, count=1)
+    dead.close()
+    core = BufferCore(RedisStore(redis_server.url, prefix=prefix), settings)
+    assert core.stats().ready_groups == 2
+    assert core.get_batch(0, 2, 0, 0).group_ids == [gids[1], gids[0]]   # the orphan went to the back
+    core.close()
+    core = BufferCore(RedisStore(redis_server.url, prefix=prefix), settings)
+    assert core.get_batch(0, 2, 0, 0).redelivered
+    core.close()
+
+
+def test_redis_restart_between_calls_is_noticed_and_state_reloaded(redis_server: RedisServer) -> None:
+    settings = BufferSettings(capacity=64, group_size=2, groups_per_step=1, min_valid_per_group=1, max_staleness=9)
+    core = BufferCore(RedisStore(redis_server.url, prefix=f"test{next(_prefixes)}"), settings)
+    gid = claim_one(core)
+    core.put(group(gid, 2), 0)
+    redis_server.restart()                                # kill -9, AOF replayed
+    with pytest.raises(StoreError):
+        core.claim("r0", 0, 1, 0)                         # a dead socket or a new run_id: never trust memory
+    assert core.get_batch(0, 1, 0, 0).group_ids == [gid]
+    cursor = core.stats().next_prompt_index              # 2 if the failed call reached Redis, else 1
+    assert cursor in (1, 2) and claim_one(core) == f"g{cursor}"
+    core.close()
