@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from examples.addition.data import heldout_prompts, train_prompts
 from examples.addition.model import build_random_model

@@ -1,0 +1,191 @@
+{{/* Names: every object of a run is prefixed with the release name (one release = one run). */}}
+{{- define "rlfleet.fullname" -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "rlfleet.name" -}}
+{{- printf "%s-%s" (include "rlfleet.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "rlfleet.selectorLabels" -}}
+app.kubernetes.io/name: rlfleet
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "rlfleet.labels" -}}
+{{ include "rlfleet.selectorLabels" . }}
+app.kubernetes.io/part-of: rlfleet
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{/* Every pod of the run (the NetworkPolicies select on this). */}}
+{{- define "rlfleet.runSelector" -}}
+app.kubernetes.io/name: rlfleet
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "rlfleet.image" -}}
+{{- $v := .root.Values.image -}}
+{{- if has .role (list "trainer" "rollout") -}}
+{{- printf "%s/rlfleet-%s-%s:%s" $v.registry .role $v.variant $v.tag -}}
+{{- else -}}
+{{- printf "%s/rlfleet-%s:%s" $v.registry .role $v.tag -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rlfleet.runPriorityClass" -}}
+{{- default (printf "%s-run" (include "rlfleet.fullname" .)) .Values.priority.run.name -}}
+{{- end -}}
+
+{{- define "rlfleet.sparePriorityClass" -}}
+{{- default (printf "%s-spare" (include "rlfleet.fullname" .)) .Values.priority.spare.name -}}
+{{- end -}}
+
+{{- define "rlfleet.tokenSecret" -}}
+{{- default (printf "%s-token" (include "rlfleet.fullname" .)) .Values.token.existingSecret -}}
+{{- end -}}
+
+{{- define "rlfleet.namespace" -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+
+{{/* Stable DNS names the run config's endpoints hold. */}}
+{{- define "rlfleet.svcHost" -}}
+{{- printf "%s.%s.svc.cluster.local" (include "rlfleet.name" (dict "root" .root "component" .component)) .root.Release.Namespace -}}
+{{- end -}}
+
+{{- define "rlfleet.trainerRank0Host" -}}
+{{- $trainer := include "rlfleet.name" (dict "root" . "component" "trainer") -}}
+{{- if .Values.jobSet.enabled -}}
+{{- printf "%s-rank-0-0.%s.%s.svc.cluster.local" $trainer $trainer .Release.Namespace -}}
+{{- else -}}
+{{- printf "%s-0.%s.%s.svc.cluster.local" $trainer $trainer .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod-level settings shared by every pod of the run. */}}
+{{- define "rlfleet.podCommon" -}}
+automountServiceAccountToken: false
+enableServiceLinks: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{ toYaml . }}
+{{- end }}
+securityContext:
+{{ toYaml .Values.podSecurityContext | indent 2 }}
+{{- end -}}
+
+{{/* Required node affinity every pod of the run keeps: away from quarantined nodes, within the run's racks. */}}
+{{- define "rlfleet.nodeAffinity" -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      - matchExpressions:
+          - key: {{ .root.Values.quarantine.label }}
+            operator: DoesNotExist
+          {{- if and .pinRacks .root.Values.topology.racks }}
+          - key: {{ .root.Values.topology.rackLabel }}
+            operator: In
+            values: {{ toJson .root.Values.topology.racks }}
+          {{- end }}
+{{- end -}}
+
+{{/* Container securityContext; GPU pods may opt in to IPC_LOCK. */}}
+{{- define "rlfleet.containerSecurityContext" -}}
+{{- $sc := deepCopy .root.Values.containerSecurityContext -}}
+{{- if and .gpu .root.Values.gpuPod.ipcLock -}}
+{{- $caps := deepCopy (default dict $sc.capabilities) -}}
+{{- $_ := set $caps "add" (list "IPC_LOCK") -}}
+{{- $_ := set $sc "capabilities" $caps -}}
+{{- end -}}
+{{ toYaml $sc }}
+{{- end -}}
+
+{{/* Resources from values plus GPUs and RDMA devices. */}}
+{{- define "rlfleet.resources" -}}
+{{- $r := deepCopy .resources -}}
+{{- if gt (int .gpus) 0 -}}
+{{- $req := deepCopy (default dict $r.requests) -}}
+{{- $lim := deepCopy (default dict $r.limits) -}}
+{{- $_ := set $req "nvidia.com/gpu" (int .gpus) -}}
+{{- $_ := set $lim "nvidia.com/gpu" (int .gpus) -}}
+{{- if .root.Values.gpuPod.rdma.enabled -}}
+{{- $_ := set $req .root.Values.gpuPod.rdma.resourceName (int .root.Values.gpuPod.rdma.count) -}}
+{{- $_ := set $lim .root.Values.gpuPod.rdma.resourceName (int .root.Values.gpuPod.rdma.count) -}}
+{{- end -}}
+{{- $_ := set $r "requests" $req -}}
+{{- $_ := set $r "limits" $lim -}}
+{{- end -}}
+{{ toYaml $r }}
+{{- end -}}
+
+{{/* Environment every service container gets. */}}
+{{- define "rlfleet.commonEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: RLFLEET_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "rlfleet.tokenSecret" . }}
+      key: token
+- name: HOME
+  value: /tmp
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end -}}
+
+{{- define "rlfleet.grpcProbes" -}}
+{{- if .exec }}
+{{- /* Trainer: only rank 0 serves gRPC; the image's health check asks rank 0's grpc.health.v1 and passes on the
+other ranks (their failures show as container exits, which the controller acts on). */}}
+startupProbe:
+  exec:
+    command: ["python", "/usr/local/bin/rlfleet-healthcheck"]
+  periodSeconds: 10
+  timeoutSeconds: 8
+  failureThreshold: {{ default 30 .startupFailures }}
+readinessProbe:
+  exec:
+    command: ["python", "/usr/local/bin/rlfleet-healthcheck"]
+  periodSeconds: 30
+  timeoutSeconds: 8
+  failureThreshold: 3
+livenessProbe:
+  exec:
+    command: ["python", "/usr/local/bin/rlfleet-healthcheck"]
+  periodSeconds: 60
+  timeoutSeconds: 8
+  failureThreshold: 5
+{{- else }}
+startupProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: 10
+  failureThreshold: {{ default 30 .startupFailures }}
+readinessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: 10
+  failureThreshold: 3
+livenessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- end }}
+{{- end -}}
+
+{{- define "rlfleet.configChecksum" -}}
+checksum/config: {{ include (print .Template.BasePath "/configmap-config.yaml") . | sha256sum }}
+{{- end -}}
+
+{{- define "rlfleet.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: "9400"
+{{- end -}}

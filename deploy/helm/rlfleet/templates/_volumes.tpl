@@ -1,0 +1,42 @@
+{{/* Volumes of a service pod: the run config, model and checkpoint storage, scratch. */}}
+{{- define "rlfleet.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "rlfleet.name" (dict "root" .root "component" "config") }}
+- name: tmp
+  emptyDir: {}
+{{- if .storage }}
+- name: model
+  persistentVolumeClaim:
+    claimName: {{ default (include "rlfleet.name" (dict "root" .root "component" "model")) .root.Values.storage.model.existingClaim }}
+    readOnly: true
+- name: data
+  persistentVolumeClaim:
+    claimName: {{ default (include "rlfleet.name" (dict "root" .root "component" "checkpoints")) .root.Values.storage.checkpoints.existingClaim }}
+{{- end }}
+{{- if .gpu }}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .root.Values.gpuPod.sharedMemorySize }}
+{{- end }}
+{{- end -}}
+
+{{- define "rlfleet.volumeMounts" -}}
+- name: config
+  mountPath: /etc/rlfleet
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if .storage }}
+- name: model
+  mountPath: /models
+  readOnly: true
+- name: data
+  mountPath: /data
+{{- end }}
+{{- if .gpu }}
+- name: dshm
+  mountPath: /dev/shm
+{{- end }}
+{{- end -}}

@@ -1,0 +1,25 @@
+# syntax=docker/dockerfile:1.7
+# rlfleet controller: the on-call controller of a run (official Kubernetes client; no torch).
+# Build from the repository root: docker/build.sh (or docker build -f docker/controller.Dockerfile .)
+FROM python:3.11.9-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app \
+    HOME=/tmp \
+    RLFLEET_METRICS_PORT=9400
+
+WORKDIR /app
+RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlfleet
+COPY docker/requirements/controller.txt /tmp/controller.txt
+RUN pip install --no-cache-dir -r /tmp/controller.txt
+COPY rlfleet /app/rlfleet
+COPY services/__init__.py /app/services/__init__.py
+COPY services/controller /app/services/controller
+
+USER 10001:10001
+EXPOSE 9400
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ['RLFLEET_METRICS_PORT'] + '/metrics', timeout=4)"]
+ENTRYPOINT ["python", "-m", "services.controller"]

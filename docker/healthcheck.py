@@ -1,0 +1,30 @@
+"""Container health check: ask the service's grpc.health.v1 endpoint on loopback (port from RLFLEET_HEALTH_PORT).
+
+Trainer ranks other than 0 serve no gRPC (RANK != 0): there is nothing to ask, and the check passes; such a rank's
+failure shows as its container exiting."""
+
+import os
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def main() -> int:
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    port = os.environ.get("RLFLEET_HEALTH_PORT", "")
+    if not port:
+        print("RLFLEET_HEALTH_PORT is not set", file=sys.stderr)
+        return 1
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=4)
+    except grpc.RpcError as exc:
+        print(f"health check failed: {exc.code()}", file=sys.stderr)
+        return 1
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+# syntax=docker/dockerfile:1.7
+# rlfleet trainer-cuda: a trainer rank, CUDA build (FSDP2/Megatron-core over NCCL, NIXL).
+# Build from the repository root: docker/build.sh (or docker build -f docker/trainer-cuda.Dockerfile .)
+FROM python:3.11.9-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app \
+    HOME=/tmp \
+    RLFLEET_HEALTH_PORT=50053
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+WORKDIR /app
+RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlfleet
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
+COPY docker/requirements/runtime.txt /tmp/runtime.txt
+# CUDA runtime libraries come with the torch wheel; the driver comes from the node (NVIDIA container toolkit).
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
+ && pip install --no-cache-dir -r /tmp/runtime.txt megatron-core==0.16.1 nixl==1.5.1
+COPY docker/healthcheck.py /usr/local/bin/rlfleet-healthcheck
+COPY rlfleet /app/rlfleet
+COPY services /app/services
+COPY examples /app/examples
+
+USER 10001:10001
+EXPOSE 50053 9400
+HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
+    CMD ["python", "/usr/local/bin/rlfleet-healthcheck"]
+ENTRYPOINT ["python", "-m", "services.trainer"]
+CMD ["--config", "/etc/rlfleet/config.yaml", "--listen", "0.0.0.0:50053", "--metrics-port", "9400"]

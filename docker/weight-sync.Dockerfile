@@ -1,0 +1,29 @@
+# syntax=docker/dockerfile:1.7
+# rlfleet weight-sync: the weight-sync control plane. CPU only.
+# Build from the repository root: docker/build.sh (or docker build -f docker/weight-sync.Dockerfile .)
+FROM python:3.11.9-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app \
+    HOME=/tmp \
+    RLFLEET_HEALTH_PORT=50052
+
+WORKDIR /app
+RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlfleet
+ARG TORCH_VERSION=2.13.0
+COPY docker/requirements/runtime.txt /tmp/runtime.txt
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}" \
+ && pip install --no-cache-dir -r /tmp/runtime.txt
+COPY docker/healthcheck.py /usr/local/bin/rlfleet-healthcheck
+COPY rlfleet /app/rlfleet
+COPY services /app/services
+COPY examples /app/examples
+
+USER 10001:10001
+EXPOSE 50052 9400
+HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
+    CMD ["python", "/usr/local/bin/rlfleet-healthcheck"]
+ENTRYPOINT ["python", "-m", "services.weight_sync"]
+CMD ["--config", "/etc/rlfleet/config.yaml", "--listen", "0.0.0.0:50052", "--metrics-port", "9400"]

