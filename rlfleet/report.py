@@ -53,7 +53,7 @@ class Progress:
                 self.eval = rec
             elif "loss" in rec:
                 self.last = rec
-        if not records:
+        if not records or not self.last:
             return
         now = time.monotonic()
         step = int(self.last.get("step", -1)) + 1

@@ -40,6 +40,9 @@ def prompt_of(gid: str) -> int | None:
     return int(gid[1:]) if gid[:1] == "g" and gid[1:].isdigit() else None
 
 
+STALENESS = "staleness"   # Claim reason prefix: the replica must load newer weights first
+
+
 @dataclass(frozen=True)
 class ClaimResult:
     tickets: list[buffer_pb2.GroupTicket]
@@ -80,7 +83,8 @@ class BufferCore:
                     return ClaimResult([], True, "finished")
                 tickets, reason = self._issue(replica_id, weight_version, max(1, max_groups))
                 remaining = end - time.monotonic()
-                if tickets or remaining <= 0:
+                # The replica's weight version cannot change during this call: waiting on staleness only adds latency.
+                if tickets or remaining <= 0 or reason.startswith(STALENESS):
                     return ClaimResult(tickets, False, "" if tickets else reason)
                 self._cond.wait(min(remaining, self._until_next_expiry()))
 
@@ -103,7 +107,7 @@ class BufferCore:
             step = (live - 1 if requeued else live) // s.groups_per_step
             need = step // s.publish_every - s.max_staleness
             if version < need:
-                reason = f"staleness: step {step} needs weight version >= {need}, replica has {version}"
+                reason = f"{STALENESS}: step {step} needs weight version >= {need}, replica has {version}"
                 if requeued is not None:
                     expired.insert(0, requeued)
                 break

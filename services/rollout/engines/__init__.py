@@ -1,0 +1,15 @@
+"""Inference engines a rollout replica can own (`rollout.engine` in the config)."""
+
+from __future__ import annotations
+
+from rlfleet.config import Config
+from services.rollout.engines.base import Engine, EngineError
+
+
+def make_engine(cfg: Config) -> Engine:
+    if cfg.rollout.engine == "torch":
+        from services.rollout.engines.torch_engine import TorchEngine
+
+        return TorchEngine(cfg.model_path, max_batch_size=cfg.rollout.max_batch_size, device=cfg.rollout.device,
+                           dtype=cfg.model.dtype, seed=cfg.run.seed)
+    raise EngineError(f"rollout.engine '{cfg.rollout.engine}' is not available in this build")

@@ -1,0 +1,26 @@
+"""python -m services.rollout --config X --replica-index I [--replica-id ID] [--listen H:P] [--metrics-port P]"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from rlfleet.service_main import parse_service_args
+from services.rollout.service import run_replica
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_service_args("rollout", argv, add_args=[
+        (("--replica-index",), {"type": int, "required": True, "help": "which endpoints.rollout entry is ours"}),
+        (("--replica-id",), {"default": None, "help": "name in the buffer and weight sync (default rollout-I)"}),
+    ])
+    try:
+        return run_replica(args)
+    except Exception as exc:
+        logging.getLogger("services.rollout").exception("replica failed")
+        print(f"rollout: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        raise SystemExit(1) from exc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

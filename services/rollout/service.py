@@ -1,0 +1,140 @@
+"""The rollout replica: loads plugins and the engine, serves rlfleet.v1.Rollout, runs the weight subscription and
+the work loop until the buffer says the run is finished, then serves Generate until SIGTERM.
+
+    python -m services.rollout --config X --replica-index I [--replica-id ID] [--listen H:P] [--metrics-port P]
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from rlfleet.config import Config
+from rlfleet.metrics import RolloutMetrics, serve_metrics
+from rlfleet.plugins import PluginError, load_callable, load_factory
+from rlfleet.protocols import DataSource, RewardFn, RolloutFn
+from rlfleet.rpc import Server, channel
+from rlfleet.sample import Sample
+from rlfleet.service_main import ServiceArgs, listen_address
+from rlfleet.v1 import rollout_pb2_grpc, weight_sync_pb2_grpc
+from services.rollout.context import ServiceContext
+from services.rollout.convert import sampling_from_config
+from services.rollout.engines import make_engine
+from services.rollout.servicer import RolloutServicer
+from services.rollout.throughput_log import ThroughputLog
+from services.rollout.weight_updates import Receivers, WeightUpdater, default_receivers, subscribe_loop
+from services.rollout.work_loop import WorkLoop, WorkSettings
+
+log = logging.getLogger("services.rollout")
+
+
+@dataclass(frozen=True)
+class Plugins:
+    data: DataSource
+    reward_fn: RewardFn
+    rollout_fn: RolloutFn
+
+
+def load_plugins(cfg: Config) -> Plugins:
+    """Raises PluginError (its message names the plugin) when one cannot be imported or does not fit."""
+    reward_fn = load_callable(cfg.rollout.reward_fn, "reward_fn")
+    rollout_fn = load_callable(cfg.rollout.rollout_fn, "rollout_fn")
+    data = load_factory(cfg.rollout.data_source, "data_source", dict(cfg.rollout.data_args))
+    return Plugins(data=data, reward_fn=reward_fn, rollout_fn=rollout_fn)
+
+
+def _wait_for_model(path: Path, seconds: float = 300.0) -> None:
+    """The model folder may still be being prepared by another process (model.prepare)."""
+    deadline = time.monotonic() + seconds
+    while not ((path / "config.json").exists() and any(path.glob("*.safetensors"))):
+        if time.monotonic() > deadline:
+            raise FileNotFoundError(f"model folder {path} has no config.json and safetensors after {seconds:.0f}s")
+        time.sleep(1.0)
+
+
+def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> int:
+    cfg = args.config
+    index = int(args.extra.replica_index)
+    replica_id = args.extra.replica_id or f"rollout-{index}"
+    try:
+        plugins = load_plugins(cfg)
+    except PluginError as exc:
+        print(f"rollout: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    if index >= len(cfg.endpoints.rollout) and not args.listen:
+        print(f"rollout: --replica-index {index} has no endpoints.rollout entry and no --listen", file=sys.stderr)
+        return 2
+    from transformers import AutoTokenizer
+
+    _wait_for_model(cfg.model_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(cfg.model_path))
+    engine = make_engine(cfg)
+    stop = threading.Event()
+    registry = CollectorRegistry()
+    metrics = RolloutMetrics(registry, replica_id)
+    serve_metrics(registry, args.metrics_port)
+    ws_channel = channel(cfg.endpoints.weight_sync, args.token)
+    buffer_channel = channel(cfg.endpoints.buffer, args.token)
+    ws_stub = weight_sync_pb2_grpc.WeightSyncStub(ws_channel)
+    updater = WeightUpdater(engine, replica_id, args.token, cfg.weight_sync.update_timeout, receivers=receivers,
+                            ack=lambda r: ws_stub.Ack(r, timeout=30.0))
+    ctx = ServiceContext(replica_id, engine, tokenizer, sampling_from_config(cfg.rollout.sampling), plugins.reward_fn,
+                         run_seed=cfg.run.seed)
+    settings = WorkSettings(replica_id=replica_id, run_id=cfg.run.name, claim_groups=cfg.rollout.claim_groups)
+    log_name = replica_id if replica_id.startswith("rollout-") else f"rollout-{replica_id}"
+    counters = ThroughputLog(cfg.run_dir / "metrics" / f"{log_name}.jsonl", replica_id, engine, metrics,
+                             lambda: work.in_flight_groups)
+
+    def on_sample(sample: Sample) -> None:
+        metrics.sample_finished(sample.status.name.lower())
+        metrics.reward.observe(sample.reward)
+        counters.finished_samples += 1
+
+    work = WorkLoop(buffer_channel, engine, ctx, plugins.data, plugins.rollout_fn, settings, stop, on_sample)
+    server = Server(listen_address(cfg.endpoints.rollout[index] if index < len(cfg.endpoints.rollout) else "",
+                                   args.listen), args.token)
+    server.add(rollout_pb2_grpc.add_RolloutServicer_to_server,
+               RolloutServicer(replica_id, engine, updater, ctx, counters, lambda: work.in_flight_groups),
+               "rlfleet.v1.Rollout")
+    server.start()
+    counters.start()
+    subscriber = threading.Thread(target=subscribe_loop, args=(ws_channel, updater, stop), name="subscribe",
+                                  daemon=True)
+    subscriber.start()
+    log.info("replica %s serving on port %d (engine %s, weight version %d)", replica_id, server.port, engine.name,
+             engine.weight_version)
+    terminated = threading.Event()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        terminated.set()
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        finished = work.run()
+        if finished and not terminated.is_set():
+            # The trainer still evaluates through Generate and waits for replicas to fetch the final version.
+            log.info("run finished: no more claims; serving Generate and weight updates until SIGTERM")
+            terminated.wait()
+            return 0
+    finally:
+        stop.set()
+        work.close()
+        engine.shutdown()
+        counters.close()
+        server.stop(grace=1.0)
+        ws_channel.close()
+        buffer_channel.close()
+    if terminated.is_set():
+        log.info("terminated by SIGTERM; unfinished groups are re-queued by the buffer when their lease expires")
+        return 143
+    return 0 if finished else 1

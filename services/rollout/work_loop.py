@@ -1,0 +1,152 @@
+"""The replica's work loop: Claim groups from the buffer, run the rollout function per group in a worker thread,
+Put every sample the moment it is yielded (retrying until the buffer has it), stop when the run is finished."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+
+from rlfleet.protocols import DataSource, GroupTicket, RolloutContext, RolloutFn, iter_samples
+from rlfleet.sample import Sample, Status
+from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
+from services.rollout.engines.base import Engine
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+@dataclass(frozen=True)
+class WorkSettings:
+    replica_id: str
+    run_id: str
+    claim_groups: int
+    claim_wait: float = 2.0          # seconds Claim may block
+    put_wait: float = 5.0            # seconds Put may block on back-pressure
+    deadline_slack: float = 10.0     # added to each wait for the RPC deadline
+
+
+class SamplePutter:
+    """Put one sample; on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED keep it and retry with backoff."""
+
+    def __init__(self, stub: buffer_pb2_grpc.BufferStub, settings: WorkSettings, stop: threading.Event) -> None:
+        self._stub, self._s, self._stop = stub, settings, stop
+
+    def put(self, sample: Sample) -> bool:
+        msg = sample.to_proto()
+        backoff = 0.2
+        while True:
+            try:
+                self._stub.Put(buffer_pb2.PutRequest(samples=[msg], wait_seconds=self._s.put_wait),
+                               timeout=self._s.put_wait + self._s.deadline_slack)
+                return True
+            except grpc.RpcError as exc:
+                if exc.code() not in RETRYABLE:
+                    log.error("Put of sample %s refused (%s: %s); dropped", sample.sample_id, exc.code(),
+                              exc.details())
+                    return False
+                if self._stop.is_set():
+                    log.warning("stopping with sample %s not put (%s)", sample.sample_id, exc.code())
+                    return False
+                log.info("Put of %s: %s; retrying in %.1fs", sample.sample_id, exc.code(), backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+
+class WorkLoop:
+    def __init__(self, channel: grpc.Channel, engine: Engine, ctx: RolloutContext, data: DataSource,
+                 rollout_fn: RolloutFn, settings: WorkSettings, stop: threading.Event,
+                 on_sample: Callable[[Sample], None] = lambda s: None) -> None:
+        self._stub = buffer_pb2_grpc.BufferStub(channel)
+        self._engine, self._ctx, self._data, self._fn = engine, ctx, data, rollout_fn
+        self._s = settings
+        self._stop = stop
+        self._putter = SamplePutter(self._stub, settings, stop)
+        self._on_sample = on_sample
+        self._pool = ThreadPoolExecutor(max_workers=settings.claim_groups, thread_name_prefix="group")
+        self._in_flight: set[Future[None]] = set()
+        self._lock = threading.Lock()
+        self._slot_free = threading.Event()
+
+    @property
+    def in_flight_groups(self) -> int:
+        return len(self._in_flight)
+
+    def run(self) -> bool:
+        """Serve until Claim says the run is finished (True) or stop is set (False)."""
+        backoff = 0.5
+        while not self._stop.is_set():
+            free = self._s.claim_groups - self.in_flight_groups
+            if free <= 0:
+                self._slot_free.wait(1.0)
+                self._slot_free.clear()
+                continue
+            try:
+                reply = self._stub.Claim(buffer_pb2.ClaimRequest(
+                    replica_id=self._s.replica_id, weight_version=self._engine.weight_version, max_groups=free,
+                    wait_seconds=self._s.claim_wait), timeout=self._s.claim_wait + self._s.deadline_slack)
+                backoff = 0.5
+            except grpc.RpcError as exc:
+                log.info("Buffer.Claim: %s; retrying in %.1fs", exc.code(), backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            if reply.finished:
+                log.info("buffer says the run is finished")
+                return True
+            if not reply.tickets:
+                log.debug("no tickets: %s", reply.reason)
+                self._stop.wait(0.05)                # the buffer already waited; do not spin if it did not
+            for t in reply.tickets:
+                self._start(GroupTicket(group_id=t.group_id, prompt_index=t.prompt_index, group_size=t.group_size))
+        return False
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _start(self, ticket: GroupTicket) -> None:
+        future = self._pool.submit(self._run_group, ticket)
+        with self._lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future[None]) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+        self._slot_free.set()
+
+    def _run_group(self, ticket: GroupTicket) -> None:
+        started = time.monotonic()
+        delivered: set[int] = set()
+        try:
+            prompt = self._data[ticket.prompt_index]
+            for sample in iter_samples(self._fn(self._ctx, prompt, ticket)):
+                delivered.add(sample.index)
+                self._emit(sample)
+        except Exception as exc:  # noqa: BLE001 - a failing rollout function fails its group, not the replica
+            log.warning("group %s (prompt %d): rollout raised %s: %s", ticket.group_id, ticket.prompt_index,
+                        type(exc).__name__, exc)
+            self._fail_rest(ticket, delivered, f"rollout_fn raised {type(exc).__name__}: {exc}")
+        log.debug("group %s: %d samples in %.2fs", ticket.group_id, len(delivered), time.monotonic() - started)
+
+    def _emit(self, sample: Sample) -> bool:
+        sample.run_id = sample.run_id or self._s.run_id
+        sample.replica_id = sample.replica_id or self._s.replica_id
+        ok = self._putter.put(sample)
+        if ok:
+            self._on_sample(sample)
+        return ok
+
+    def _fail_rest(self, ticket: GroupTicket, delivered: set[int], reason: str) -> None:
+        """Put FAILED placeholders for the indices the rollout function did not deliver, so the group completes."""
+        for i in range(ticket.group_size):
+            if i not in delivered:
+                self._emit(Sample(group_id=ticket.group_id, index=i, group_size=ticket.group_size, prompt_ids=[],
+                                  response_ids=[], rollout_logprobs=[], status=Status.FAILED, status_reason=reason,
+                                  prompt_index=ticket.prompt_index, weight_version=self._engine.weight_version))

@@ -1,0 +1,80 @@
+"""Rollout context and the single_turn rollout function: scoring, failing rewards, sample fields."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlfleet.protocols import GroupTicket, Prompt, SamplingParams
+from rlfleet.sample import Sample, Status
+from services.rollout.context import ServiceContext
+from services.rollout.engines.torch_engine import TorchEngine
+from services.rollout.rollout_fns import single_turn
+from tests.support.tiny_model import make_tiny_model
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path):
+    eng = TorchEngine(model_dir, max_batch_size=8)
+    yield eng
+    eng.shutdown()
+
+
+def make_ctx(engine: TorchEngine, model_dir: Path, reward_fn, temperature: float = 1.0) -> ServiceContext:
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    return ServiceContext("r0", engine, tok, SamplingParams(temperature=temperature, max_new_tokens=6), reward_fn,
+                          run_seed=7)
+
+
+def length_reward(prompt: Prompt, completion: str, sample: Sample) -> dict[str, float]:
+    return {"length": float(len(sample.response_ids)), "bonus": 1.0}
+
+
+def exploding_reward(prompt: Prompt, completion: str, sample: Sample) -> float:
+    raise ValueError("no label for this prompt")
+
+
+def test_single_turn_yields_scored_samples(engine: TorchEngine, model_dir: Path) -> None:
+    ctx = make_ctx(engine, model_dir, length_reward)
+    prompt = Prompt(index=5, text="12+34=")
+    samples = list(single_turn(ctx, prompt, GroupTicket(group_id="g1", prompt_index=5, group_size=4)))
+    assert sorted(s.index for s in samples) == [0, 1, 2, 3]
+    for s in samples:
+        s.validate()
+        assert s.prompt_ids == ctx.encode_prompt(prompt) == ctx.tokenizer.encode("12+34=")
+        assert s.status in (Status.COMPLETED, Status.TRUNCATED) and s.replica_id == "r0" and s.prompt_index == 5
+        assert len(s.rollout_logprobs) == len(s.response_ids) > 0
+        assert s.reward == len(s.response_ids) + 1.0 and s.reward_parts["bonus"] == 1.0
+    again = {s.index: s.response_ids for s in single_turn(ctx, prompt, GroupTicket("g1", 5, 4))}
+    assert again == {s.index: s.response_ids for s in samples}      # per-sample seeds: reproducible
+
+
+def test_reward_that_raises_fails_the_sample_not_the_replica(engine: TorchEngine, model_dir: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    ctx = make_ctx(engine, model_dir, exploding_reward)
+    with caplog.at_level(logging.WARNING):
+        samples = list(single_turn(ctx, Prompt(index=0, token_ids=(1, 5, 6)), GroupTicket("g2", 0, 2)))
+    assert len(samples) == 2
+    for s in samples:
+        assert s.status == Status.FAILED
+        assert s.status_reason == "reward_fn raised ValueError: no label for this prompt"
+        assert s.response_ids and s.prompt_ids == [1, 5, 6]
+        s.validate()                                                # still a valid sample to put
+    assert "reward_fn raised ValueError" in caplog.text
+
+
+def test_non_finite_reward_fails_the_sample(engine: TorchEngine, model_dir: Path) -> None:
+    ctx = make_ctx(engine, model_dir, lambda p, c, s: float("nan"), temperature=0)
+    sample = next(iter(single_turn(ctx, Prompt(index=0, token_ids=(1, 5)), GroupTicket("g3", 0, 1))))
+    assert sample.status == Status.FAILED and "not finite" in sample.status_reason

@@ -1,0 +1,78 @@
+"""The work loop's delivery rules: retry retryable Put errors, keep a failing rollout function's group complete."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+from rlfleet.protocols import GroupTicket, Prompt
+from rlfleet.sample import Sample, Status
+from rlfleet.v1 import buffer_pb2
+from services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
+
+SETTINGS = WorkSettings(replica_id="r0", run_id="run", claim_groups=1)
+
+
+class Code(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._code.name
+
+
+class FakeStub:
+    def __init__(self, errors: list[grpc.StatusCode]) -> None:
+        self.errors = list(errors)
+        self.puts: list[buffer_pb2.PutRequest] = []
+
+    def Put(self, request: buffer_pb2.PutRequest, timeout: float) -> buffer_pb2.PutReply:
+        self.puts.append(request)
+        if self.errors:
+            raise Code(self.errors.pop(0))
+        return buffer_pb2.PutReply(accepted=len(request.samples))
+
+
+def sample(index: int) -> Sample:
+    return Sample(group_id="g", index=index, group_size=3, prompt_ids=[1], response_ids=[4], rollout_logprobs=[-1.0])
+
+
+def test_put_retries_until_the_buffer_takes_the_sample() -> None:
+    stub = FakeStub([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED])
+    assert SamplePutter(stub, SETTINGS, threading.Event()).put(sample(0))
+    assert len(stub.puts) == 3 and all(p.samples[0].group_id == "g" for p in stub.puts)
+
+
+def test_put_refused_as_invalid_is_not_retried() -> None:
+    stub = FakeStub([grpc.StatusCode.INVALID_ARGUMENT])
+    assert not SamplePutter(stub, SETTINGS, threading.Event()).put(sample(0))
+    assert len(stub.puts) == 1
+
+
+class FakeEngine:
+    weight_version = 4
+
+
+def test_failing_rollout_fn_puts_failed_samples_for_the_rest_of_its_group() -> None:
+    def rollout_fn(ctx: object, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+        yield sample(1)
+        raise RuntimeError("boom")
+
+    with grpc.insecure_channel("127.0.0.1:1") as ch:
+        loop = WorkLoop(ch, FakeEngine(), object(), {7: Prompt(index=7, text="x")}, rollout_fn, SETTINGS,
+                        threading.Event())
+    stub = FakeStub([])
+    loop._putter = SamplePutter(stub, SETTINGS, threading.Event())
+    loop._run_group(GroupTicket(group_id="g", prompt_index=7, group_size=3))
+    got = {p.samples[0].index: p.samples[0] for p in stub.puts}
+    assert sorted(got) == [0, 1, 2]
+    assert got[1].status == Status.COMPLETED and got[1].run_id == "run" and got[1].replica_id == "r0"
+    for i in (0, 2):
+        assert got[i].status == Status.FAILED and got[i].status_reason == "rollout_fn raised RuntimeError: boom"
+        assert got[i].prompt_index == 7 and got[i].weight_version == 4
+    loop.close()
