@@ -36,8 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser("check", help="validate CONFIG and import every plugin it names")
     p_check.add_argument("config")
     p_check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p_convert = sub.add_parser("convert", help="export a trainer checkpoint's policy as an HF safetensors folder")
+    p_convert.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N")
+    p_convert.add_argument("out_dir")
+    p_convert.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    if ns.command == "convert":
+        from rlfleet.convert import ConvertError, convert
+
+        try:
+            print(convert(ns.checkpoint, ns.out_dir, ns.dtype))
+            return 0
+        except (ConvertError, OSError) as exc:
+            print(f"rlfleet convert: {exc}", file=sys.stderr)
+            return 2
 
     from rlfleet.launcher import RunError, run
     from rlfleet.preflight import check_plugins

@@ -49,6 +49,9 @@ class RolloutConfig(_Section):
     max_batch_size: int = Field(64, ge=1)   # concurrent sequences in the engine
     claim_groups: int = Field(4, ge=1)      # groups asked for per Claim
     device: str = "cpu"
+    # on a weight update, in-flight generations: "continue" in place (each token records the version that produced
+    # it) or "retract" (dropped from the engine and regenerated from the prompt under the new weights)
+    partial_rollouts: Literal["continue", "retract"] = "continue"
 
 
 class BufferConfig(_Section):
@@ -68,8 +71,63 @@ class TisConfig(_Section):
     low: float = Field(0.5, ge=0)
 
 
+class MegatronConfig(_Section):
+    """trainer.backend: megatron. world_size = tensor_parallel * pipeline_parallel * data-parallel ranks."""
+
+    tensor_parallel: int = Field(1, ge=1)
+    pipeline_parallel: int = Field(1, ge=1)
+    microbatches: int = Field(1, ge=1)      # schedule microbatches per minibatch (pipelining depth)
+
+
+class KlConfig(_Section):
+    """Optional KL penalty against the reference model (the initial policy), added to the loss."""
+
+    coef: float = Field(0.0, ge=0)          # 0: no reference model is loaded
+    estimator: Literal["k1", "k2", "k3"] = "k3"   # k3 = the low-variance estimator
+
+
+class CriticConfig(_Section):
+    """PPO's critic: a second HF model (model_path; default the policy's folder) with a scalar value head."""
+
+    model_path: str | None = None
+    lr: float = Field(1e-5, gt=0)
+    value_clip: float = Field(0.2, ge=0)    # clip of the value update around the old values (0: none)
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+
+
+class TeacherConfig(_Section):
+    """On-policy distillation: the teacher's logprobs are computed in the trainer from this HF folder."""
+
+    model_path: str | None = None
+
+
+class LoraConfig(_Section):
+    """LoRA: train rank-r adapters on the target Linear layers only; publish adapter weights only."""
+
+    rank: int = Field(0, ge=0)              # 0: LoRA off (full fine-tuning)
+    alpha: float = Field(16.0, gt=0)
+    targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]   # Linear module names (last path part)
+
+
+class SchedulerConfig(_Section):
+    """Learning rate over trainer steps: linear warmup to trainer.lr, then constant or cosine to min_ratio * lr."""
+
+    kind: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    min_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class PackingConfig(_Section):
+    """Sequence packing: samples share rows of up to max_tokens tokens; no attention across samples."""
+
+    enabled: bool = False
+    max_tokens: int = Field(2048, ge=8)
+
+
 class TrainerConfig(_Section):
     backend: Literal["fsdp", "megatron"] = "fsdp"
+    megatron: MegatronConfig = MegatronConfig()
     world_size: int = Field(1, ge=1)
     steps: int = Field(100, ge=1)
     groups_per_step: int = Field(8, ge=1)
@@ -90,13 +148,34 @@ class TrainerConfig(_Section):
     hooks: list[str] = []
     threads: int = Field(1, ge=1)           # torch intra-op threads per rank
     device: str = "cpu"
+    routing_replay: bool = False            # MoE: replay the rollout's expert routes (R3, trainer/routing_replay.py)
+    # issue 5: algorithms, precision, packing, LoRA, scheduler
+    kl: KlConfig = KlConfig()
+    critic: CriticConfig = CriticConfig()
+    teacher: TeacherConfig = TeacherConfig()
+    lora: LoraConfig = LoraConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    packing: PackingConfig = PackingConfig()
+    precision: Literal["auto", "bf16", "fp32"] = "auto"   # auto: bf16 compute + fp32 master on CUDA, fp32 on CPU
+    activation_checkpointing: bool = False
+    dapo_clip_high: float = Field(0.28, ge=0)             # DAPO's clip-higher (clip_low stays trainer.clip_low)
+    gspo_clip: tuple[float, float] = (3e-4, 4e-4)         # GSPO's sequence-ratio clip range (low, high)
+    drgrpo_max_tokens: int = Field(0, ge=0)               # Dr. GRPO's constant normaliser (0: the batch's T)
 
 
 class WeightSyncConfig(_Section):
-    transport: Literal["bucketed", "nixl", "disk_delta", "auto"] = "bucketed"
+    # bucketed: gRPC stream; broadcast: gloo/NCCL group (gRPC stream for replicas outside it); nixl: P2P WRITEs;
+    # disk_delta: changed elements in files under delta_dir; auto: probe at start-up, pick by model size
+    transport: Literal["bucketed", "broadcast", "nixl", "disk_delta", "auto"] = "bucketed"
     bucket_mb: float = Field(512.0, gt=0)
     chunk_kb: int = Field(1024, ge=16)      # gRPC streaming chunk size
     update_timeout: float = Field(120.0, gt=0)
+    pause_mode: Literal["in_place", "retract"] = "in_place"   # while loading: keep in-flight requests, or abort them
+    join_seconds: float = Field(60.0, gt=0)  # broadcast: how long the trainer waits for replicas to join the group
+    group_host: str = ""                     # broadcast rendezvous host ("" = the host of endpoints.trainer_data)
+    delta_dir: str = ""                      # disk_delta: shared folder ("" = RUN_DIR/weights_delta)
+    delta_encoding: Literal["xor", "overwrite"] = "xor"
+    rebase_every: int = Field(50, ge=1)      # disk_delta: a full base every this many versions
 
 
 class EvalConfig(_Section):
@@ -137,7 +216,8 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> Config:
-        if self.rollout.group_size < 2 and self.trainer.algorithm in ("grpo", "dapo", "gspo", "drgrpo"):
+        if self.rollout.group_size < 2 and self.trainer.algorithm in ("grpo", "dapo", "gspo", "drgrpo",
+                                                                        "reinforce_pp_baseline"):
             raise ValueError(f"rollout.group_size must be >= 2 for trainer.algorithm={self.trainer.algorithm}")
         return self
 

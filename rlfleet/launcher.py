@@ -88,14 +88,24 @@ def prepare_model(cfg: Config) -> None:
         raise RunError(f"model.path {cfg.model_path} is not a Hugging Face model folder (no config.json)")
 
 
-class LocalRun:
-    """Starts and supervises the services of one run on this machine."""
+MAX_REPLICA_RESTARTS = 3     # per rollout replica; then its death stops the run like any other service's
 
-    def __init__(self, cfg: Config, config_path: Path) -> None:
+
+class LocalRun:
+    """Starts and supervises the services of one run on this machine.
+
+    A rollout replica that dies is restarted (up to max_replica_restarts times each): its first Claim tells the
+    buffer to re-queue the groups it held, so none is lost. Any other service that dies stops the run.
+    """
+
+    def __init__(self, cfg: Config, config_path: Path, max_replica_restarts: int = MAX_REPLICA_RESTARTS) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.run_dir = cfg.run_dir
         self.children: list[Child] = []
+        self.max_replica_restarts = max_replica_restarts
+        self.restarts: dict[str, int] = {}
+        self._specs: dict[str, tuple[str, list[str], dict[str, str] | None]] = {}
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p)
         self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -104,7 +114,29 @@ class LocalRun:
         args = ["-m", module, "--config", str(self.config_path), *extra]
         child = Child(name, args, self.run_dir / "logs" / f"{name}.log", {**self.env, **(env or {})})
         self.children.append(child)
+        self._specs[name] = (module, extra, env)
         return child
+
+    def _write_processes(self) -> None:
+        write_text_atomic(self.run_dir / "processes.json",
+                          json.dumps({c.name: c.proc.pid for c in self.children}, indent=2))
+
+    def _restart_replica(self, child: Child, code: int) -> bool:
+        """Start a dead rollout replica again under the same name and replica id; False when out of restarts."""
+        done = self.restarts.get(child.name, 0)
+        if done >= self.max_replica_restarts:
+            return False
+        self.restarts[child.name] = done + 1
+        log.warning("%s stopped (%s); restarting it (restart %d of %d); last lines of %s:\n%s", child.name,
+                    exit_reason(code), done + 1, self.max_replica_restarts, child.log_path, child.tail(4))
+        print(f"rlfleet: {child.name} stopped ({exit_reason(code)}); restarting it "
+              f"({done + 1}/{self.max_replica_restarts}); its groups are re-queued", file=sys.stderr)
+        child.stop()
+        module, extra, env = self._specs[child.name]
+        self.children.remove(child)
+        self._start(child.name, module, extra, env)
+        self._write_processes()
+        return True
 
     def start(self) -> None:
         cfg = self.cfg
@@ -119,8 +151,7 @@ class LocalRun:
                 "MASTER_ADDR": host, "MASTER_PORT": port})
         for i in range(cfg.rollout.replicas):
             self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)], threads)
-        write_text_atomic(self.run_dir / "processes.json",
-                          json.dumps({c.name: c.proc.pid for c in self.children}, indent=2))
+        self._write_processes()
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
 
     def _wait(self, addresses: list[str], timeout: float) -> None:
@@ -136,11 +167,13 @@ class LocalRun:
                         raise RunError(f"service at {addr} did not become healthy in {timeout:.0f}s") from None
 
     def _check_children(self, trainer_done: bool = False) -> None:
-        for child in self.children:
+        for child in list(self.children):
             code = child.returncode
             if code is None or (code == 0 and (trainer_done or child.name.startswith("rollout"))):
                 continue
             if code == 0 and child.name.startswith("trainer"):
+                continue
+            if child.name.startswith("rollout") and not trainer_done and self._restart_replica(child, code):
                 continue
             raise RunError(f"{child.name} stopped ({exit_reason(code)}); last lines of {child.log_path}:\n"
                            f"{child.tail()}")
@@ -157,7 +190,9 @@ class LocalRun:
         except grpc.RpcError:
             return None
         return {"put_samples": stats.put_samples, "acked_samples": stats.acked_samples,
-                "dropped": dict(stats.dropped), "stored_samples": stats.stored_samples}
+                "dropped": dict(stats.dropped), "stored_samples": stats.stored_samples,
+                "next_prompt_index": stats.next_prompt_index, "ready_groups": stats.ready_groups,
+                "partial_groups": stats.partial_groups, "tickets_in_flight": stats.tickets_in_flight}
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -195,6 +230,7 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
         local.stop()
         signal.signal(signal.SIGTERM, previous)
     summary = summarize(resolved.run_dir / "metrics" / "trainer.jsonl", time.monotonic() - started, stats)
+    summary["replica_restarts"] = dict(local.restarts)
     reward_curve(resolved.run_dir / "metrics" / "trainer.jsonl", resolved.run_dir / "reward_curve.png")
     write_text_atomic(resolved.run_dir / "summary.json", json.dumps(summary, indent=2))
     print(format_summary(summary, resolved.run_dir), file=sys.stderr)

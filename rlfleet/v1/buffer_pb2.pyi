@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("replica_id", "weight_version", "max_groups", "wait_seconds")
+    __slots__ = ("replica_id", "weight_version", "max_groups", "wait_seconds", "restarted")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     weight_version: int
     max_groups: int
     wait_seconds: float
-    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., max_groups: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+    restarted: bool
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., max_groups: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., restarted: _Optional[bool] = ...) -> None: ...
 
 class GroupTicket(_message.Message):
     __slots__ = ("group_id", "prompt_index", "group_size", "lease_seconds")

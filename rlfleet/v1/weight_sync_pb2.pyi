@@ -7,6 +7,57 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PeerInfo(_message.Message):
+    __slots__ = ("peer_id", "transport", "agent_metadata", "agent_name", "base_address", "capacity_bytes", "slots", "device_id", "mem_type", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_METADATA_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    BASE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    MEM_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    transport: str
+    agent_metadata: bytes
+    agent_name: str
+    base_address: int
+    capacity_bytes: int
+    slots: int
+    device_id: int
+    mem_type: str
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, peer_id: _Optional[str] = ..., transport: _Optional[str] = ..., agent_metadata: _Optional[bytes] = ..., agent_name: _Optional[str] = ..., base_address: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., slots: _Optional[int] = ..., device_id: _Optional[int] = ..., mem_type: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PeersRequest(_message.Message):
+    __slots__ = ("transport", "min_peers", "wait_seconds")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    MIN_PEERS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    min_peers: int
+    wait_seconds: float
+    def __init__(self, transport: _Optional[str] = ..., min_peers: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class PeersReply(_message.Message):
+    __slots__ = ("peers",)
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedCompositeFieldContainer[PeerInfo]
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerInfo, _Mapping]]] = ...) -> None: ...
+
 class PublishReply(_message.Message):
     __slots__ = ("subscribers",)
     SUBSCRIBERS_FIELD_NUMBER: _ClassVar[int]

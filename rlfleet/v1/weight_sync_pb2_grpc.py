@@ -56,6 +56,16 @@ class WeightSyncStub:
                 request_serializer=rlfleet_dot_v1_dot_weight__sync__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_weight__sync__pb2.VerifyReply.FromString,
                 _registered_method=True)
+        self.Register = channel.unary_unary(
+                '/rlfleet.v1.WeightSync/Register',
+                request_serializer=rlfleet_dot_v1_dot_weight__sync__pb2.PeerInfo.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_weight__sync__pb2.RegisterReply.FromString,
+                _registered_method=True)
+        self.Peers = channel.unary_unary(
+                '/rlfleet.v1.WeightSync/Peers',
+                request_serializer=rlfleet_dot_v1_dot_weight__sync__pb2.PeersRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_weight__sync__pb2.PeersReply.FromString,
+                _registered_method=True)
 
 
 class WeightSyncServicer:
@@ -90,6 +100,20 @@ class WeightSyncServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Register(self, request, context):
+        """data-plane peer: how to reach its memory
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Peers(self, request, context):
+        """data-plane peers of one transport
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WeightSyncServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +136,16 @@ def add_WeightSyncServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=rlfleet_dot_v1_dot_weight__sync__pb2.VerifyRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_weight__sync__pb2.VerifyReply.SerializeToString,
+            ),
+            'Register': grpc.unary_unary_rpc_method_handler(
+                    servicer.Register,
+                    request_deserializer=rlfleet_dot_v1_dot_weight__sync__pb2.PeerInfo.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_weight__sync__pb2.RegisterReply.SerializeToString,
+            ),
+            'Peers': grpc.unary_unary_rpc_method_handler(
+                    servicer.Peers,
+                    request_deserializer=rlfleet_dot_v1_dot_weight__sync__pb2.PeersRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_weight__sync__pb2.PeersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +257,60 @@ class WeightSync:
             '/rlfleet.v1.WeightSync/Verify',
             rlfleet_dot_v1_dot_weight__sync__pb2.VerifyRequest.SerializeToString,
             rlfleet_dot_v1_dot_weight__sync__pb2.VerifyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Register(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.WeightSync/Register',
+            rlfleet_dot_v1_dot_weight__sync__pb2.PeerInfo.SerializeToString,
+            rlfleet_dot_v1_dot_weight__sync__pb2.RegisterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Peers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.WeightSync/Peers',
+            rlfleet_dot_v1_dot_weight__sync__pb2.PeersRequest.SerializeToString,
+            rlfleet_dot_v1_dot_weight__sync__pb2.PeersReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,9 +74,14 @@ class BufferCore:
             observe(metrics, self.state, [])
 
     # ---- Claim ---------------------------------------------------------------------------------------------------
-    def claim(self, replica_id: str, weight_version: int, max_groups: int, wait: float) -> ClaimResult:
+    def claim(self, replica_id: str, weight_version: int, max_groups: int, wait: float,
+              restarted: bool = False) -> ClaimResult:
+        """restarted: the replica's first Claim since it started; tickets its id still holds are re-queued now."""
         end = time.monotonic() + max(0.0, wait)
         with self._cond:
+            if restarted:
+                self._ensure_loaded()
+                self.release_replica(replica_id)
             while True:
                 self._ensure_loaded()
                 if self.finished:
@@ -123,6 +128,21 @@ class BufferCore:
         tickets = [buffer_pb2.GroupTicket(group_id=m.gid, prompt_index=m.prompt_index, group_size=m.group_size,
                                           lease_seconds=s.lease_seconds) for m in muts]
         return tickets, reason
+
+    def release_replica(self, replica_id: str) -> int:
+        """Re-queue every unexpired ticket `replica_id` holds (it died): the lease ends now. Returns how many.
+
+        Samples already put for those groups are kept; the re-issued ticket carries the same group id.
+        """
+        with self._cond:
+            now = self.clock()
+            held = sorted((g for g in self.state.open.values() if g.replica == replica_id and g.deadline > now),
+                          key=lambda g: g.prompt_index)
+            if held:
+                self._commit([Issue(g.gid, g.prompt_index, g.group_size, now, g.replica) for g in held])
+                log.info("replica %s restarted: %d groups re-queued (%s)", replica_id, len(held),
+                         ", ".join(g.gid for g in held[:8]))
+            return len(held)
 
     def _until_next_expiry(self) -> float:
         now = self.clock()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 import time
 
 from prometheus_client import CollectorRegistry
@@ -14,17 +12,16 @@ from rlfleet.config import Config
 from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
 from rlfleet.rpc import Server
-from rlfleet.service_main import listen_address, parse_service_args
-from rlfleet.v1 import buffer_pb2_grpc
+from rlfleet.service_main import listen_address, parse_service_args, serve_until, stop_on_signals
 from services.buffer.core import BufferCore
 from services.buffer.filters import load_filters
-from services.buffer.service import BufferService
+from services.buffer.service import SERVICE, BufferService, add_to_server
 from services.buffer.settings import BufferSettings
 from services.buffer.stores import StoreError
 from services.buffer.stores.factory import open_store
 
 log = logging.getLogger("buffer")
-SERVICE_NAME = "rlfleet.v1.Buffer"
+SERVICE_NAME = SERVICE
 
 
 def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience: float = 30.0) -> BufferCore:
@@ -44,7 +41,7 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
 
 def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
     server = Server(bind, token, max_workers=64)     # Claim/Put/GetBatch may each hold a worker while waiting
-    server.add(buffer_pb2_grpc.add_BufferServicer_to_server, BufferService(core), SERVICE_NAME)
+    server.add(add_to_server, BufferService(core), SERVICE_NAME)
     server.start()
     return server
 
@@ -58,22 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     except (StoreError, PluginError, RuntimeError) as exc:
         print(f"buffer: cannot start: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     bind = listen_address(cfg.endpoints.buffer, args.listen)
     server = start_server(core, bind, args.token)
     serve_metrics(registry, args.metrics_port)
     jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
     log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, server.port)
-    while not stop.wait(10.0):
+
+    def write_stats() -> None:
         try:
             s = core.stats()
         except StoreError as exc:
             log.warning("stats unavailable: %s", exc)
-            continue
+            return
         jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
                      "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
+
+    serve_until(stop, write_stats, tick_every=10.0)
     server.stop(grace=2.0)
     core.close()
     jsonl.close()

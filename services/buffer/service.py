@@ -1,4 +1,8 @@
-"""The rlfleet.v1.Buffer gRPC servicer: request/reply translation and status codes around BufferCore."""
+"""The rlfleet.v1.Buffer gRPC servicer: request/reply translation and status codes around BufferCore.
+
+GetBatch answers with the Batch already encoded (services.buffer.wire): stored samples go out as the bytes they came
+in as, never parsed or serialized again; add_to_server registers the servicer with that serializer.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,14 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
+from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 from services.buffer.core import BufferCore
 from services.buffer.errors import BufferFull, BufferRefusal, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.stores import StoreError
+from services.buffer.wire import encode_batch
 
 log = logging.getLogger(__name__)
+SERVICE = "rlfleet.v1.Buffer"
 T = TypeVar("T")
 _CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidSample: grpc.StatusCode.INVALID_ARGUMENT,
@@ -45,7 +51,8 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
 
     def Claim(self, request: buffer_pb2.ClaimRequest, context: grpc.ServicerContext) -> buffer_pb2.ClaimReply:
         res = self._call(context, lambda: self.core.claim(request.replica_id, request.weight_version,
-                                                          request.max_groups, _wait(request.wait_seconds, context)))
+                                                          request.max_groups, _wait(request.wait_seconds, context),
+                                                          restarted=request.restarted))
         return buffer_pb2.ClaimReply(tickets=res.tickets, finished=res.finished, reason=res.reason)
 
     def Put(self, request: buffer_pb2.PutRequest, context: grpc.ServicerContext) -> buffer_pb2.PutReply:
@@ -53,15 +60,36 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                                                                    _wait(request.wait_seconds, context)))
         return buffer_pb2.PutReply(accepted=accepted, duplicates=dups)
 
-    def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.ServicerContext) -> buffer_pb2.Batch:
+    def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.ServicerContext) -> bytes:
+        """The encoded rlfleet.v1.Batch (see add_to_server)."""
         res = self._call(context, lambda: self.core.get_batch(request.step, request.num_groups,
                                                               request.policy_version,
                                                               _wait(request.wait_seconds, context)))
-        return buffer_pb2.Batch(step=res.step, samples=[sample_pb2.Sample.FromString(d) for d in res.samples],
-                                group_ids=res.group_ids, complete=res.complete, redelivered=res.redelivered)
+        return encode_batch(res.step, res.samples, res.group_ids, res.complete, res.redelivered)
 
     def Ack(self, request: buffer_pb2.AckRequest, context: grpc.ServicerContext) -> buffer_pb2.AckReply:
         return buffer_pb2.AckReply(acked_samples=self._call(context, lambda: self.core.ack(request.committed_step)))
 
     def Stats(self, request: buffer_pb2.StatsRequest, context: grpc.ServicerContext) -> Any:
         return self._call(context, self.core.stats)
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def add_to_server(servicer: BufferService, server: grpc.Server) -> None:
+    """Register like buffer_pb2_grpc.add_BufferServicer_to_server, except that GetBatch replies are sent as encoded."""
+    pb = buffer_pb2
+    rpcs: dict[str, tuple[Callable[..., Any], Any, Any]] = {
+        "Claim": (servicer.Claim, pb.ClaimRequest, pb.ClaimReply.SerializeToString),
+        "Put": (servicer.Put, pb.PutRequest, pb.PutReply.SerializeToString),
+        "GetBatch": (servicer.GetBatch, pb.GetBatchRequest, _identity),
+        "Ack": (servicer.Ack, pb.AckRequest, pb.AckReply.SerializeToString),
+        "Stats": (servicer.Stats, pb.StatsRequest, pb.BufferStats.SerializeToString),
+    }
+    handlers = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req.FromString,
+                                                          response_serializer=ser)
+                for name, (fn, req, ser) in rpcs.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -63,3 +64,38 @@ class ServiceContext:
             return sample
         sample.reward, sample.reward_parts = reward, parts
         return sample
+
+
+class GroupAborted(RuntimeError):
+    """The work loop aborted this group (no longer wanted): its rollout function should stop."""
+
+
+class GroupContext:
+    """The context one group's rollout function gets: the replica's context, recording the group's engine requests
+    so the work loop can abort them (an over-sampled group no longer wanted, or the run finished) and free their
+    engine slots and KV memory at once. Everything else passes through to the replica's context."""
+
+    def __init__(self, ctx: Any, engine: Engine) -> None:
+        self._ctx, self._engine = ctx, engine
+        self._futures: list[Future[Generation]] = []
+        self._lock = threading.Lock()
+        self.aborted = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
+        if self.aborted:
+            raise GroupAborted("the group was aborted")
+        future = self._ctx.generate(input_ids, sampling)
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()] + [future]
+        return future
+
+    def abort(self) -> int:
+        """Abort the group's unfinished engine requests (they resolve with finish_reason 'abort'). Returns how many."""
+        with self._lock:
+            self.aborted = True
+            pending = [f for f in self._futures if not f.done()]
+        abort = getattr(self._engine, "abort", None)
+        return int(abort(pending)) if pending and abort is not None else 0

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, as_completed
 
 from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext
-from rlfleet.sample import Sample, Status
+from rlfleet.sample import RoutedExperts, Sample, Status
 from services.rollout.convert import sample_seed, status_of
 
 
@@ -37,4 +37,6 @@ def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Ite
         versions = tuple(getattr(gen, "token_versions", ()) or ())
         if versions and len(set(versions)) > 1:      # the weights changed mid-sequence (in-place update)
             sample.token_versions = list(versions)
+        if gen.routed_experts is not None:           # MoE: per-token expert ids for routing replay (R3)
+            sample.routed_experts = RoutedExperts(ids=gen.routed_experts)
         yield ctx.score(prompt, sample)

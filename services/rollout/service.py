@@ -23,11 +23,12 @@ from rlfleet.plugins import PluginError, load_callable, load_factory
 from rlfleet.protocols import DataSource, RewardFn, RolloutFn
 from rlfleet.rpc import Server, channel
 from rlfleet.sample import Sample
-from rlfleet.service_main import ServiceArgs, listen_address
+from rlfleet.service_main import ServiceArgs, listen_address, serve_until
 from rlfleet.v1 import rollout_pb2_grpc, weight_sync_pb2_grpc
 from services.rollout.context import ServiceContext
 from services.rollout.convert import sampling_from_config
 from services.rollout.engines import make_engine
+from services.rollout.partial import with_partial_rollouts
 from services.rollout.servicer import RolloutServicer
 from services.rollout.throughput_log import ThroughputLog
 from services.rollout.weight_updates import Receivers, WeightUpdater, default_receivers, subscribe_loop
@@ -76,7 +77,7 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
 
     _wait_for_model(cfg.model_path)
     tokenizer = AutoTokenizer.from_pretrained(str(cfg.model_path))
-    engine = make_engine(cfg)
+    engine = with_partial_rollouts(make_engine(cfg), cfg.rollout.partial_rollouts)
     stop = threading.Event()
     registry = CollectorRegistry()
     metrics = RolloutMetrics(registry, replica_id)
@@ -124,7 +125,7 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
         if finished and not terminated.is_set():
             # The trainer still evaluates through Generate and waits for replicas to fetch the final version.
             log.info("run finished: no more claims; serving Generate and weight updates until SIGTERM")
-            terminated.wait()
+            serve_until(terminated)
             return 0
     finally:
         stop.set()

@@ -1,7 +1,10 @@
 """Apply a published weight version to the engine: fetch, verify, load, recompute the digest, acknowledge.
 
-The same path serves the WeightSync subscription and the Rollout.LoadWeights RPC. A failed attempt is retried once;
-then the failure is reported (ok=false) and the previous version keeps serving.
+The same path serves the WeightSync subscription and the Rollout.LoadWeights RPC. The fetch (network, collective,
+NIXL or delta files) runs while the engine keeps generating; only the load pauses it, in one of two modes:
+`in_place` (in-flight requests continue under the new weights) or `retract` (in-flight requests are aborted, so the
+work loop re-queues them). A failed attempt is retried once; then the failure is reported (ok=false) and the
+previous version keeps serving.
 """
 
 from __future__ import annotations
@@ -44,10 +47,16 @@ def held_digest(engine: Engine, names: list[str]) -> str:
     return digest_of((n, held[n]) for n in names)
 
 
+PAUSE_MODES = ("in_place", "retract")
+
+
 class WeightUpdater:
     def __init__(self, engine: Engine, replica_id: str, token: str | None, timeout: float,
-                 receivers: Receivers = default_receivers, ack: Callable[[weights_pb2.UpdateResult], None] | None = None
-                 ) -> None:
+                 receivers: Receivers = default_receivers,
+                 ack: Callable[[weights_pb2.UpdateResult], None] | None = None, pause_mode: str = "in_place") -> None:
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause_mode must be one of {PAUSE_MODES}, got {pause_mode!r}")
+        self.pause_mode = pause_mode
         self.engine = engine
         self.replica_id = replica_id
         self._token = token
@@ -94,13 +103,88 @@ class WeightUpdater:
             raise WeightMismatchError(f"received {len(got)} tensors, manifest lists {len(names)} (or another order)")
         if digest_of(tensors) != manifest.digest:
             raise WeightMismatchError("received tensors do not hash to the manifest digest")
-        self.engine.update_weights_from_tensor(tensors, manifest.version)
+        if manifest.adapter_only:        # LoRA: merge W_base + alpha/r * B @ A (services/rollout/engines/lora.py)
+            from services.rollout.engines.lora import LoraMerger
+            merger = self.__dict__.setdefault("_lora", LoraMerger(self.engine))
+            self._load(merger.merged(tensors, manifest.options), manifest.version)
+            self.digest = merger.record(tensors)
+            return sum(int(t.numel() * t.element_size()) for _, t in tensors)
+        self._load(tensors, manifest.version)
         digest = held_digest(self.engine, names)
         if digest != manifest.digest:
             raise WeightMismatchError(f"engine digest {digest} != manifest digest {manifest.digest} after loading")
         self.digest = digest
         log.info("serving weight version %d (digest %s)", manifest.version, digest)
         return sum(int(t.numel() * t.element_size()) for _, t in tensors)
+
+
+    def _load(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Pause (briefly), load, resume. retract: abort in-flight requests first (the work loop re-queues them)."""
+        pause = getattr(self.engine, "pause", None)
+        if pause is None:
+            self.engine.update_weights_from_tensor(tensors, version)
+            return
+        was_paused = bool(getattr(self.engine, "paused", False))
+        in_flight = pause()
+        try:
+            if self.pause_mode == "retract" and in_flight:
+                aborted = self.engine.abort_in_flight()
+                log.info("retracted %d in-flight requests for weight version %d", aborted, version)
+            self.engine.update_weights_from_tensor(tensors, version)
+        finally:
+            if not was_paused:
+                self.engine.resume()
+
+
+class TransportReceivers:
+    """`Receivers` for a replica: the stateful data planes are set up once, at start-up, and reused.
+
+    broadcast: joins the trainer's group in the background (the rendezvous comes from the control plane);
+    nixl: registers staging memory for `capacity_bytes` with a NIXL agent and publishes it on the control plane;
+    disk_delta: rebuilds versions from what the engine holds. Anything else: the stateless `default_receivers`.
+    """
+
+    def __init__(self, engine: Engine, replica_id: str, control: grpc.Channel | None, transports: tuple[str, ...],
+                 capacity_bytes: int = 0, device: str = "cpu", join_seconds: float = 120.0) -> None:
+        from services.weight_sync.peers import PeerDirectory
+
+        self._fetch: dict[str, Fetch] = {}
+        self._closers: list[Callable[[], None]] = []
+        directory = PeerDirectory(control) if control is not None else None
+        if "disk_delta" in transports:
+            from services.weight_sync.transports.delta_receiver import DeltaReceiver
+
+            self._fetch["disk_delta"] = DeltaReceiver(
+                lambda: (engine.weight_version, dict(engine.named_weights()))).fetch
+        if "broadcast" in transports and directory is not None:
+            from services.weight_sync.transports.broadcast_receiver import BroadcastReceiver
+
+            self.broadcast = BroadcastReceiver(directory.peers, device, join_seconds)
+            self._fetch["broadcast"] = self.broadcast.fetch
+        if "nixl" in transports and directory is not None:
+            from services.weight_sync.transports.nixl_receiver import NixlReceiver
+
+            self.nixl = NixlReceiver(replica_id, capacity_bytes, directory.register, device)
+            self._fetch["nixl"] = self.nixl.fetch
+            self._closers.append(self.nixl.close)
+
+    def __call__(self, transport: str) -> Fetch:
+        fetch = self._fetch.get(transport)
+        return fetch if fetch is not None else default_receivers(transport)
+
+    def close(self) -> None:
+        for close in self._closers:
+            close()
+
+
+def staging_capacity(engine: Engine, bucket_bytes: int) -> int:
+    """Bytes of one NIXL staging slot for this engine's weights laid out in buckets (padding included)."""
+    from services.weight_sync.manifest import dtype_name
+    from services.weight_sync.transports.layout import TensorSpec, plan
+
+    specs = [TensorSpec(n, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size())
+             for n, t in engine.named_weights()]
+    return plan(specs, bucket_bytes).total_bytes
 
 
 def subscribe_loop(channel: grpc.Channel, updater: WeightUpdater, stop: threading.Event,

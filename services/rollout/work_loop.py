@@ -15,11 +15,13 @@ import grpc
 from rlfleet.protocols import DataSource, GroupTicket, RolloutContext, RolloutFn, iter_samples
 from rlfleet.sample import Sample, Status
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
+from services.rollout.context import GroupContext
 from services.rollout.engines.base import Engine
 
 log = logging.getLogger(__name__)
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+ACCEPTED, DUPLICATE, REFUSED, STOPPED = "accepted", "duplicate", "refused", "stopped"
 
 
 @dataclass(frozen=True)
@@ -39,21 +41,26 @@ class SamplePutter:
         self._stub, self._s, self._stop = stub, settings, stop
 
     def put(self, sample: Sample) -> bool:
+        return self.deliver(sample) in (ACCEPTED, DUPLICATE)
+
+    def deliver(self, sample: Sample) -> str:
+        """ACCEPTED; DUPLICATE (the buffer no longer waits for this group: complete, dropped or re-issued and done
+        elsewhere); REFUSED; or STOPPED (stop was set while retrying)."""
         msg = sample.to_proto()
         backoff = 0.2
         while True:
             try:
-                self._stub.Put(buffer_pb2.PutRequest(samples=[msg], wait_seconds=self._s.put_wait),
-                               timeout=self._s.put_wait + self._s.deadline_slack)
-                return True
+                reply = self._stub.Put(buffer_pb2.PutRequest(samples=[msg], wait_seconds=self._s.put_wait),
+                                       timeout=self._s.put_wait + self._s.deadline_slack)
+                return DUPLICATE if reply.duplicates and not reply.accepted else ACCEPTED
             except grpc.RpcError as exc:
                 if exc.code() not in RETRYABLE:
                     log.error("Put of sample %s refused (%s: %s); dropped", sample.sample_id, exc.code(),
                               exc.details())
-                    return False
+                    return REFUSED
                 if self._stop.is_set():
                     log.warning("stopping with sample %s not put (%s)", sample.sample_id, exc.code())
-                    return False
+                    return STOPPED
                 log.info("Put of %s: %s; retrying in %.1fs", sample.sample_id, exc.code(), backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -71,8 +78,10 @@ class WorkLoop:
         self._on_sample = on_sample
         self._pool = ThreadPoolExecutor(max_workers=settings.claim_groups, thread_name_prefix="group")
         self._in_flight: set[Future[None]] = set()
+        self._groups: dict[str, GroupContext] = {}      # group id -> its context (to abort its engine requests)
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
+        self._restarted = True          # the first Claim re-queues what an earlier process of this replica held
 
     @property
     def in_flight_groups(self) -> int:
@@ -90,15 +99,19 @@ class WorkLoop:
             try:
                 reply = self._stub.Claim(buffer_pb2.ClaimRequest(
                     replica_id=self._s.replica_id, weight_version=self._engine.weight_version, max_groups=free,
-                    wait_seconds=self._s.claim_wait), timeout=self._s.claim_wait + self._s.deadline_slack)
+                    wait_seconds=self._s.claim_wait, restarted=self._restarted),
+                    timeout=self._s.claim_wait + self._s.deadline_slack)
                 backoff = 0.5
+                self._restarted = False
             except grpc.RpcError as exc:
                 log.info("Buffer.Claim: %s; retrying in %.1fs", exc.code(), backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
             if reply.finished:
-                log.info("buffer says the run is finished")
+                aborted = self.abort_groups()
+                log.info("buffer says the run is finished%s",
+                         f"; {aborted} engine requests of unneeded groups aborted" if aborted else "")
                 return True
             if not reply.tickets:
                 log.debug("no tickets: %s", reply.reason)
@@ -106,6 +119,12 @@ class WorkLoop:
             for t in reply.tickets:
                 self._start(GroupTicket(group_id=t.group_id, prompt_index=t.prompt_index, group_size=t.group_size))
         return False
+
+    def abort_groups(self) -> int:
+        """Abort the engine requests of every group in flight (over-sampled work the run no longer needs)."""
+        with self._lock:
+            groups = list(self._groups.values())
+        return sum(g.abort() for g in groups)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -124,24 +143,34 @@ class WorkLoop:
     def _run_group(self, ticket: GroupTicket) -> None:
         started = time.monotonic()
         delivered: set[int] = set()
+        gctx = GroupContext(self._ctx, self._engine)
+        with self._lock:
+            self._groups[ticket.group_id] = gctx
         try:
             prompt = self._data[ticket.prompt_index]
-            for sample in iter_samples(self._fn(self._ctx, prompt, ticket)):
+            for sample in iter_samples(self._fn(gctx, prompt, ticket)):
                 delivered.add(sample.index)
+                # DUPLICATE is not "group done": a re-issued group answers it for the indices its dead holder put.
                 self._emit(sample)
         except Exception as exc:  # noqa: BLE001 - a failing rollout function fails its group, not the replica
-            log.warning("group %s (prompt %d): rollout raised %s: %s", ticket.group_id, ticket.prompt_index,
-                        type(exc).__name__, exc)
-            self._fail_rest(ticket, delivered, f"rollout_fn raised {type(exc).__name__}: {exc}")
+            if gctx.aborted:
+                log.info("group %s aborted (%s)", ticket.group_id, type(exc).__name__)
+            else:
+                log.warning("group %s (prompt %d): rollout raised %s: %s", ticket.group_id, ticket.prompt_index,
+                            type(exc).__name__, exc)
+                self._fail_rest(ticket, delivered, f"rollout_fn raised {type(exc).__name__}: {exc}")
+        finally:
+            with self._lock:
+                self._groups.pop(ticket.group_id, None)
         log.debug("group %s: %d samples in %.2fs", ticket.group_id, len(delivered), time.monotonic() - started)
 
-    def _emit(self, sample: Sample) -> bool:
+    def _emit(self, sample: Sample) -> str:
         sample.run_id = sample.run_id or self._s.run_id
         sample.replica_id = sample.replica_id or self._s.replica_id
-        ok = self._putter.put(sample)
-        if ok:
+        outcome = self._putter.deliver(sample)
+        if outcome == ACCEPTED:
             self._on_sample(sample)
-        return ok
+        return outcome
 
     def _fail_rest(self, ticket: GroupTicket, delivered: set[int], reason: str) -> None:
         """Put FAILED placeholders for the indices the rollout function did not deliver, so the group completes."""

@@ -1,23 +1,60 @@
-"""Algorithm presets: trainer.algorithm names an (advantage, loss) pair; trainer.advantage / trainer.loss override."""
+"""Algorithm presets: trainer.algorithm names an (advantage, loss) pair; trainer.advantage / trainer.loss override.
+
+| preset                | advantage              | loss        | needs                                          |
+|-----------------------|------------------------|-------------|------------------------------------------------|
+| grpo                  | grpo                   | clipped_pg  |                                                |
+| drgrpo                | drgrpo (no std)        | drgrpo      | constant-normalised token sum                  |
+| gspo                  | grpo                   | gspo        | sequence-level ratio, trainer.gspo_clip        |
+| ppo                   | gae                    | clipped_pg  | the critic (trainer.critic)                    |
+| reinforce_pp          | reinforce_pp           | clipped_pg  |                                                |
+| reinforce_pp_baseline | reinforce_pp_baseline  | clipped_pg  |                                                |
+| dapo                  | grpo                   | dapo        | buffer.filters: [dynamic_sampling]             |
+| distill               | distill (reverse KL)   | clipped_pg  | trainer.teacher.model_path                     |
+| sft                   | sft                    | sft         |                                                |
+
+DAPO over-samples through the buffer: a group the dynamic_sampling filter drops frees its place and a
+replacement ticket is issued, so every step still gets groups_per_step informative groups.
+trainer.kl.coef > 0 wraps the loss in a KL penalty against the reference model (k1 / k2 / k3).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from rlfleet.config import TrainerConfig
 from rlfleet.plugins import PluginError, load_callable
 from rlfleet.protocols import AdvantageEstimator, LossFn
-from services.trainer.advantages import ADVANTAGES
-from services.trainer.losses import LOSSES
+from services.trainer.advantages import ADVANTAGES, Gae
+from services.trainer.losses import LOSSES, KlPenalizedLoss
 
 # preset -> (advantage name, loss name)
-PRESETS: dict[str, tuple[str, str]] = {"grpo": ("grpo", "clipped_pg")}
+PRESETS: dict[str, tuple[str, str]] = {
+    "grpo": ("grpo", "clipped_pg"),
+    "drgrpo": ("drgrpo", "drgrpo"),
+    "gspo": ("grpo", "gspo"),
+    "ppo": ("gae", "clipped_pg"),
+    "reinforce_pp": ("reinforce_pp", "clipped_pg"),
+    "reinforce_pp_baseline": ("reinforce_pp_baseline", "clipped_pg"),
+    "dapo": ("grpo", "dapo"),
+    "distill": ("distill", "clipped_pg"),
+    "sft": ("sft", "sft"),
+}
+
+# advantages that need the trainer config
+ADVANTAGE_FACTORIES: dict[str, Callable[[TrainerConfig], AdvantageEstimator]] = {
+    "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam),
+}
 
 
-def resolve_advantage(name: str) -> AdvantageEstimator:
+def resolve_advantage(name: str, cfg: TrainerConfig | None = None) -> AdvantageEstimator:
     if name in ADVANTAGES:
         return ADVANTAGES[name]
+    if name in ADVANTAGE_FACTORIES:
+        return ADVANTAGE_FACTORIES[name](cfg or TrainerConfig())
     if ":" in name:
         return load_callable(name, "advantage")
-    raise PluginError(f"advantage '{name}': not a built-in ({', '.join(sorted(ADVANTAGES))}) "
+    known = sorted([*ADVANTAGES, *ADVANTAGE_FACTORIES])
+    raise PluginError(f"advantage '{name}': not a built-in ({', '.join(known)}) "
                       "nor a dotted path 'package.module:attribute'")
 
 
@@ -35,4 +72,15 @@ def resolve(cfg: TrainerConfig) -> tuple[AdvantageEstimator, LossFn]:
     if cfg.algorithm not in PRESETS:
         raise PluginError(f"trainer.algorithm '{cfg.algorithm}': unknown preset (known: {', '.join(sorted(PRESETS))})")
     adv_name, loss_name = PRESETS[cfg.algorithm]
-    return resolve_advantage(cfg.advantage or adv_name), resolve_loss(cfg.loss or loss_name, cfg)
+    advantage, loss = resolve_advantage(cfg.advantage or adv_name, cfg), resolve_loss(cfg.loss or loss_name, cfg)
+    if cfg.kl.coef > 0:
+        loss = KlPenalizedLoss(loss, cfg.kl.coef, cfg.kl.estimator)
+    return advantage, loss
+
+
+def needs_critic(cfg: TrainerConfig) -> bool:
+    return (cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]) == "gae"
+
+
+def needs_teacher(cfg: TrainerConfig) -> bool:
+    return (cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]) == "distill"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 
 from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.v1 import buffer_pb2
+from services.trainer.routing_replay import ROUTES_KEY, RoutingReplay, routes_tensor
+from services.trainer.token_versions import TOKEN_VERSIONS, token_versions_tensor
 
 
 def group_samples(samples: Sequence[Sample], group_ids: Sequence[str] = ()) -> list[list[Sample]]:
@@ -33,11 +36,11 @@ def rank_groups(batch: buffer_pb2.Batch, rank: int, world_size: int, minibatches
             for g in groups[m * per_mb + rank * per_rank:m * per_mb + (rank + 1) * per_rank]]
 
 
-def build_train_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
+def build_train_batch(samples: Sequence[Sample], pad_id: int = 0, routes: bool = False) -> TrainBatch:
     """Right-padded prompt+response rows; response mask from each sample's loss mask (0 on padding).
 
     A response token needs a preceding token to be predicted from, so with an empty prompt the first response
-    token is masked out.
+    token is masked out. routes: lay the samples' MoE routes out in extras[ROUTES_KEY] for routing replay.
     """
     n = len(samples)
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
@@ -67,7 +70,14 @@ def build_train_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
         group_index=torch.tensor([group_of[s.group_id] for s in samples], dtype=torch.int64),
         weight_versions=torch.tensor([int(s.weight_version) for s in samples], dtype=torch.int64),
         sample_ids=[s.sample_id for s in samples],
+        extras={TOKEN_VERSIONS: token_versions_tensor(samples, resp_len),                  # [S, T]
+                **(_route_extras(samples, seq_len) if routes else {})},
     )
+
+
+def _route_extras(samples: Sequence[Sample], seq_len: int) -> dict:
+    replay_routes = routes_tensor(samples, seq_len)                       # [S, L, layers, K] or None
+    return {} if replay_routes is None else {ROUTES_KEY: replay_routes}
 
 
 def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
@@ -97,7 +107,12 @@ def response_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: floa
     return torch.gather(logp, 2, targets[:, :, None]).squeeze(2)                       # [S, T]
 
 
-def forward_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float) -> torch.Tensor:
-    """Run the causal LM on the batch and return response-token logprobs [S, T]."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+def forward_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
+                     replay: RoutingReplay | None = None) -> torch.Tensor:
+    """Run the causal LM on the batch and return response-token logprobs [S, T].
+
+    replay: the model's RoutingReplay; its MoE layers then use the batch's recorded routes (extras[ROUTES_KEY]).
+    """
+    with replay.replaying(batch.extras.get(ROUTES_KEY)) if replay is not None else nullcontext():
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
     return response_logprobs(out.logits, batch, temperature)

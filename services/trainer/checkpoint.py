@@ -1,6 +1,9 @@
-"""Trainer checkpoints: RUN_DIR/checkpoints/step_XXXXXXXX/ holding sharded model+optimizer (torch DCP),
-every rank's RNG state, meta.json (step, version) and checksums.json. Written to a temp folder and renamed into
-place only after every rank finished; `latest` ignores anything incomplete.
+"""Trainer checkpoints: RUN_DIR/checkpoints/step_XXXXXXXX/ holding sharded model+optimizer (torch DCP; auxiliary
+trained models such as PPO's critic beside them), every rank's RNG state, the sample ids each rank trained on since
+the previous checkpoint (committed_ids_rankNNNNN.json), JSON state (e.g. scheduler.json), meta.json (step,
+version, extra fields) and checksums.json. DCP reshards on load, so a checkpoint resumes on another process count.
+Written to a temp folder and renamed into place only after every rank finished; `latest` ignores anything
+incomplete.
 """
 
 from __future__ import annotations
@@ -9,8 +12,10 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,23 +92,53 @@ def _set_rng_states(folder: Path, rank: int, device: torch.device) -> None:
             torch.cuda.set_rng_state(state, device)
 
 
+def committed_ids_name(rank: int) -> str:
+    return f"committed_ids_rank{rank:05d}.json"
+
+
+def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               aux: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer]]) -> dict[str, Any]:
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    for name, (m, o) in aux.items():
+        state[name], state[f"{name}_optim"] = get_state_dict(m, o)
+    return state
+
+
+Aux = Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
+
+
 def save(run_dir: Path, step: int, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         device: torch.device, keep: int) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint folder."""
+         device: torch.device, keep: int, aux: Aux | None = None,
+         json_state: Mapping[str, Any] | None = None, meta_extra: Mapping[str, Any] | None = None,
+         sample_ids: Sequence[str] | None = None, files: Mapping[str, bytes] | None = None) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint folder.
+
+    aux: more (model, optimizer) pairs saved under their name; json_state: name -> JSON-able state written by rank 0
+    as NAME.json; meta_extra: fields added to meta.json; sample_ids: what this rank trained on since the last save;
+    files: relative path -> bytes written by rank 0 (e.g. hf/config.json, for `rlfleet convert`).
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
+    aux, json_state, meta_extra, files = aux or {}, json_state or {}, meta_extra or {}, files or {}
     final = step_dir(run_dir, step)
     tmp = final.with_name(f".tmp-{final.name}")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / STATE))
+    dcp.save(_dcp_state(model, optimizer, aux), checkpoint_id=str(tmp / STATE))
     for kind, data in _rng_states(device).items():
         write_bytes_atomic(tmp / f"rng_{kind}_rank{rank:05d}.bin", data)
+    if sample_ids is not None:
+        write_text_atomic(tmp / committed_ids_name(rank), json.dumps(list(sample_ids)))
     dist.barrier()
     if rank == 0:
-        meta = {"step": step, "version": version, "world_size": world, "torch": torch.__version__}
+        for name, value in json_state.items():
+            write_text_atomic(tmp / f"{name}.json", json.dumps(value, indent=1))
+        for rel, data in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(tmp / rel, data)
+        meta = {"step": step, "version": version, "world_size": world, "torch": torch.__version__, **meta_extra}
         write_text_atomic(tmp / META, json.dumps(meta, indent=1))
         sums = {str(p.relative_to(tmp)): {"xxh64": _file_hash(p), "bytes": p.stat().st_size} for p in _files(tmp)}
         write_text_atomic(tmp / CHECKSUMS, json.dumps(sums, indent=1))
@@ -168,9 +203,27 @@ def verify(path: Path) -> None:
             raise CheckpointError(f"checkpoint {path}: {rel} does not match its checksum")
 
 
+def read_json_state(info: CheckpointInfo, name: str) -> Any | None:
+    """NAME.json of a checkpoint (json_state of save), or None when absent."""
+    path = info.path / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / META).read_text())
+
+
+def committed_sample_ids(path: Path) -> list[str]:
+    """The sample ids every rank trained on in the steps this checkpoint committed (since the previous one)."""
+    ids: list[str] = []
+    for f in sorted(Path(path).glob("committed_ids_rank*.json")):
+        ids.extend(json.loads(f.read_text()))
+    return ids
+
+
 def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         device: torch.device) -> None:
-    """Collective: restore model, optimizer and this rank's RNG state from a checkpoint."""
+         device: torch.device, aux: Aux | None = None) -> None:
+    """Collective: restore model, optimizer (and aux pairs) and this rank's RNG state from a checkpoint."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ok = torch.ones(1, device=device)
     error = ""
@@ -183,10 +236,12 @@ def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Op
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     if not ok.item():
         raise CheckpointError(error or f"checkpoint {info.path} failed verification on rank 0")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    aux = aux or {}
+    state = _dcp_state(model, optimizer, aux)
     dcp.load(state, checkpoint_id=str(info.path / STATE))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for name, (m, o) in aux.items():
+        set_state_dict(m, o, model_state_dict=state[name], optim_state_dict=state[f"{name}_optim"])
     if info.world_size != world:
         log.warning("checkpoint %s was written by %d ranks, resuming on %d: RNG states of new ranks are not restored",
                     info.path, info.world_size, world)

@@ -13,7 +13,7 @@ from rlfleet.plugins import load_callable, load_factory
 from rlfleet.protocols import Prompt, reward_total
 from rlfleet.sample import Sample, Status
 from rlfleet.v1 import rollout_pb2
-from services.trainer.clients import RolloutClient
+from services.trainer.clients import PeerError, RolloutClient
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +68,41 @@ class Evaluator:
             out.extend(reply.generations)
         return out
 
+    def _generate_any(self, first: int, rows: Sequence[int], version: int) -> list[rollout_pb2.Generation]:
+        """Generate on replica `first`; if it stays unreachable (dead, being restarted), on the next replicas."""
+        errors: list[str] = []
+        for j in range(len(self.clients)):
+            client = self.clients[(first + j) % len(self.clients)]
+            try:
+                return self._generate(client, rows, version)
+            except PeerError as exc:
+                errors.append(str(exc))
+                log.warning("evaluation: %s; trying the next replica", exc)
+        raise PeerError("; ".join(errors))
+
     def run(self, version: int) -> dict[str, float]:
         n, k = len(self.prompts), len(self.clients)
         shares = [list(range(n))[i * n // k:(i + 1) * n // k] for i in range(k)]
         with ThreadPoolExecutor(max_workers=k) as pool:
-            results = list(pool.map(lambda ck: self._generate(ck[0], ck[1], version), zip(self.clients, shares,
-                                                                                          strict=True)))
+            results = list(pool.map(lambda i: self._generate_any(i, shares[i], version), range(k)))
         rewards: list[float] = []
+        failed = 0
         for rows, gens in zip(shares, results, strict=True):
             for i, gen in zip(rows, gens, strict=True):
-                rewards.append(self._score(i, gen))
+                try:
+                    rewards.append(self._score(i, gen))
+                except Exception as exc:  # noqa: BLE001 - a user reward that raises scores 0 and is counted
+                    failed += 1
+                    rewards.append(0.0)
+                    if failed <= 3:
+                        log.warning("eval prompt %d: reward_fn raised %s: %s (scored 0)", self.prompts[i].index,
+                                    type(exc).__name__, exc)
         mean = sum(rewards) / len(rewards) if rewards else 0.0
         passed = sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0
-        log.info("eval at version %d: reward_mean %.4f, pass_rate %.4f over %d prompts", version, mean, passed, n)
+        log.info("eval at version %d: reward_mean %.4f, pass_rate %.4f over %d prompts (%d reward failures)",
+                 version, mean, passed, n, failed)
         return {"eval/reward_mean": mean, "eval/pass_rate": passed, "eval/prompts": float(n),
-                "eval/version": float(version)}
+                "eval/version": float(version), "eval/reward_failures": float(failed)}
 
     def _score(self, row: int, gen: rollout_pb2.Generation) -> float:
         prompt, prompt_ids = self.prompts[row], self.encoded[row]

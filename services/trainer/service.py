@@ -23,7 +23,14 @@ from rlfleet.service_main import listen_address
 from rlfleet.v1 import buffer_pb2, trainer_pb2_grpc
 from services.trainer import checkpoint
 from services.trainer.algorithms import resolve
-from services.trainer.backends.fsdp import FsdpBackend, init_distributed, trainer_device
+from services.trainer.backends import (
+    data_parallel_size,
+    data_shard,
+    load_checkpoint,
+    make_backend,
+    save_checkpoint,
+)
+from services.trainer.backends.fsdp import init_distributed, trainer_device
 from services.trainer.batch import rank_groups
 from services.trainer.clients import BufferClient, WeightSyncClient
 from services.trainer.collectives import all_reduce_sum, broadcast_bytes
@@ -43,9 +50,13 @@ def validate(cfg: Config, world_size: int) -> None:
     t = cfg.trainer
     if t.world_size != world_size:
         raise ConfigError(f"trainer.world_size={t.world_size} but WORLD_SIZE={world_size}")
-    if t.groups_per_step % (world_size * t.minibatches):
-        raise ConfigError(f"trainer.groups_per_step={t.groups_per_step} must be divisible by "
-                          f"world_size*minibatches={world_size}*{t.minibatches}: each rank trains on whole groups")
+    if t.backend == "megatron" and world_size % (t.megatron.tensor_parallel * t.megatron.pipeline_parallel):
+        raise ConfigError(f"trainer.world_size={world_size} is not a multiple of trainer.megatron.tensor_parallel*"
+                          f"pipeline_parallel={t.megatron.tensor_parallel}*{t.megatron.pipeline_parallel}")
+    data_world = data_parallel_size(cfg, world_size)
+    if t.groups_per_step % (data_world * t.minibatches):
+        raise ConfigError(f"trainer.groups_per_step={t.groups_per_step} must be divisible by data-parallel "
+                          f"ranks*minibatches={data_world}*{t.minibatches}: each rank trains on whole groups")
     for name in ("buffer", "weight_sync", "trainer", "trainer_data"):
         if not getattr(cfg.endpoints, name):
             raise ConfigError(f"endpoints.{name} is empty")
@@ -125,7 +136,7 @@ class Trainer:
                       weight_sync=ws, publisher=WeightPublisher(cfg, self.token, ws), evaluator=evaluator,
                       jsonl=JsonlLog(self.run_dir / "metrics" / "trainer.jsonl"), prom=prom)
 
-    def _resume(self, backend: FsdpBackend) -> int:
+    def _resume(self, backend: Any) -> int:
         """Load the newest checkpoint when run.resume is set; returns the first step to train."""
         if not self.cfg.run.resume:
             if self.rank == 0 and checkpoint.latest(self.run_dir) is not None:
@@ -136,7 +147,7 @@ class Trainer:
         if info is None:
             log.info("run.resume is set but %s holds no complete checkpoint: starting at step 0", self.run_dir)
             return 0
-        checkpoint.load(info, backend.model, backend.optimizer, self.device)
+        load_checkpoint(backend, info, self.device)
         self.version, self.committed = info.version, info.step
         log.info("resumed from %s: step %d, version %d", info.path, info.step, info.version)
         if self.leader:
@@ -145,16 +156,16 @@ class Trainer:
 
     # -- pieces of a step -----------------------------------------------------------------------------------------
 
-    def _publish(self, backend: FsdpBackend, version: int, step: int) -> None:
+    def _publish(self, backend: Any, version: int, step: int) -> None:
         state = backend.full_state_dict()               # collective
         if self.leader:
-            self.leader.publisher.publish(version, step, state)
+            self.leader.publisher.publish(version, step, state, adapter=getattr(backend, "adapter_options", None))
             self.leader.prom.weight_version.set(version)
             self.leader.state.update(weight_version=version)
         self.version = version
 
-    def _checkpoint(self, backend: FsdpBackend, step: int) -> None:
-        path = checkpoint.save(self.run_dir, step, self.version, backend.model, backend.optimizer, self.device,
+    def _checkpoint(self, backend: Any, step: int) -> None:
+        path = save_checkpoint(backend, self.run_dir, step, self.version, self.device,
                                self.cfg.trainer.keep_checkpoints)
         call_hooks(self.hooks, "after_save", step, str(path))
         if self.leader:
@@ -212,7 +223,8 @@ class Trainer:
 
     def _train(self) -> dict[str, Any]:
         t = self.cfg.trainer
-        backend = FsdpBackend(self.cfg, self.rank, self.world_size, self.device, self.hooks)
+        backend = make_backend(self.cfg, self.rank, self.world_size, self.device, self.hooks)
+        data_rank, data_world = data_shard(backend, self.rank, self.world_size)
         self.ctx = replace(self.ctx, pad_id=backend.pad_id)
         start = self._resume(backend)
         if self.leader and self.committed >= 0:
@@ -224,7 +236,7 @@ class Trainer:
             t0 = time.monotonic()
             batch = self._fetch_batch(step)
             t1 = time.monotonic()
-            last = backend.train_step(rank_groups(batch, self.rank, self.world_size, t.minibatches), step, self.ctx)
+            last = backend.train_step(rank_groups(batch, data_rank, data_world, t.minibatches), step, self.ctx)
             t2 = time.monotonic()
             final = step == t.steps - 1
             if (step + 1) % t.publish_every == 0:

@@ -1,4 +1,5 @@
-"""One optimizer step on this rank's share of a batch: old logprobs, advantages, loss, backward, clip, AdamW."""
+"""One optimizer step on this rank's share of a batch: old logprobs (and reference / teacher logprobs, critic
+values), advantages, loss, backward, clip, AdamW (and the critic's update for PPO)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,25 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch
 from rlfleet.sample import Sample
+from services.trainer.advantages import ALL_REDUCE_SUM, RETURNS
 from services.trainer.batch import batch_to, build_train_batch, forward_logprobs
 from services.trainer.collectives import all_reduce_sum
 from services.trainer.hooks import call_hooks
+from services.trainer.losses import ROW_COUNT, SEQ_COUNT
+from services.trainer.routing_replay import RoutingReplay, select_route_rows
+from services.trainer.token_versions import TOKEN_VERSIONS, version_sums, version_totals
 
 log = logging.getLogger(__name__)
+
+# (model, batch, temperature) -> response logprobs [S, T]; the backend's (packed or padded) forward
+ForwardFn = Callable[[torch.nn.Module, TrainBatch, float], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,11 @@ class StepContext:
     world_size: int
     device: torch.device
     pad_id: int = 0
+    routing_replay: RoutingReplay | None = None     # trainer.routing_replay: set by the backend on its model
+    forward: ForwardFn | None = None                # None: padded rows (services.trainer.batch.forward_logprobs)
+    reference: Any | None = None                    # FrozenScorer: batch.ref_logprobs (KL penalty)
+    teacher: Any | None = None                      # FrozenScorer: batch.teacher_logprobs (distillation)
+    critic: Any | None = None                       # Critic: batch.values, trained per minibatch (PPO)
 
 
 def _select_rows(batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:
@@ -39,6 +53,11 @@ def _select_rows(batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor
     def pick(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else x[rows]
 
+    extras = dict(select_route_rows(batch.extras, rows))
+    if isinstance(extras.get(RETURNS), torch.Tensor):
+        extras[RETURNS] = extras[RETURNS][rows]
+    if isinstance(extras.get(TOKEN_VERSIONS), torch.Tensor):                  # [S, T] per-token weight versions
+        extras[TOKEN_VERSIONS] = extras[TOKEN_VERSIONS][rows.to(extras[TOKEN_VERSIONS].device)]
     sub = TrainBatch(
         input_ids=batch.input_ids[rows], attention_mask=batch.attention_mask[rows],
         response_mask=batch.response_mask[rows], response_start=batch.response_start[rows],
@@ -46,9 +65,39 @@ def _select_rows(batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor
         group_index=batch.group_index[rows], weight_versions=batch.weight_versions[rows],
         sample_ids=[batch.sample_ids[i] for i in rows.tolist()], old_logprobs=pick(batch.old_logprobs),
         ref_logprobs=pick(batch.ref_logprobs), teacher_logprobs=pick(batch.teacher_logprobs),
-        values=pick(batch.values), extras=batch.extras,
+        values=pick(batch.values), extras=extras,
     )
     return sub, advantages[rows]
+
+
+def _logprobs(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -> torch.Tensor:
+    if ctx.forward is not None and ctx.routing_replay is None:     # packing keeps no per-row routes layout
+        return ctx.forward(model, batch, ctx.temperature)
+    return forward_logprobs(model, batch, ctx.temperature, ctx.routing_replay)
+
+
+def effective_sample_size(metrics: dict[str, float]) -> float | None:
+    """Normalised ESS of the importance weights, (E w)^2 / E w^2 in (0, 1], from global token means."""
+    mean, sq = metrics.get("tis_weight_mean"), metrics.get("tis_weight_sq_mean")
+    if mean is None or sq is None or sq <= 0:
+        return None
+    return mean * mean / sq
+
+
+def prepare_batch(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -> torch.Tensor:
+    """Fill old / reference / teacher logprobs and critic values; return advantages [S, T]. Collective."""
+    call_hooks(ctx.hooks, "before_logprobs", batch)
+    model.train()
+    with torch.no_grad():
+        batch.old_logprobs = _logprobs(model, batch, ctx)                                  # [S, T]
+    if ctx.reference is not None:
+        batch.ref_logprobs = ctx.reference(batch, ctx.temperature)                         # [S, T]
+    if ctx.teacher is not None:
+        batch.teacher_logprobs = ctx.teacher(batch, ctx.temperature)                       # [S, T]
+    if ctx.critic is not None:
+        batch.values = ctx.critic.values(batch)                                            # [S, T]
+    batch.extras[ALL_REDUCE_SUM] = partial(all_reduce_sum, device=ctx.device)
+    return ctx.advantage_fn(batch).to(torch.float32)                                       # [S, T]
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_grad: Callable[[float], float],
@@ -60,20 +109,19 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
     if len(groups) % ctx.minibatches:
         raise ValueError(f"{len(groups)} groups per rank do not split into trainer.minibatches={ctx.minibatches}")
     samples = [s for g in groups for s in g]
-    batch = build_train_batch(samples, ctx.pad_id)
+    batch = build_train_batch(samples, ctx.pad_id, routes=ctx.routing_replay is not None)
     batch = batch_to(batch, ctx.device)
-    call_hooks(ctx.hooks, "before_logprobs", batch)
-    model.train()
-    with torch.no_grad():
-        batch.old_logprobs = forward_logprobs(model, batch, ctx.temperature)        # [S, T]
-    advantages = ctx.advantage_fn(batch).to(torch.float32)                        # [S, T]
+    advantages = prepare_batch(model, batch, ctx)                                          # [S, T]
     bounds = _row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
     totals: dict[str, float] = {}
     for lo, hi in bounds:
         rows = torch.arange(lo, hi, device=ctx.device)
         mb, mb_adv = _select_rows(batch, rows, advantages)
-        token_count = all_reduce_sum([float(mb.response_mask.sum())], ctx.device)[0]
-        logprobs = forward_logprobs(model, mb, ctx.temperature)                  # [S', T]
+        counts = all_reduce_sum([float(mb.response_mask.sum()), float(hi - lo),
+                                 float((mb.response_mask.sum(1) > 0).sum())], ctx.device)
+        token_count = counts[0]
+        mb.extras[ROW_COUNT], mb.extras[SEQ_COUNT] = counts[1], counts[2]
+        logprobs = _logprobs(model, mb, ctx)                                               # [S', T]
         out = ctx.loss_fn(logprobs, mb_adv, mb, token_count)
         # FSDP averages gradients over ranks; the loss is already this rank's share of the global mean.
         (out.loss * ctx.world_size).backward()
@@ -86,14 +134,23 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
             totals["skipped_updates"] = totals.get("skipped_updates", 0.0) + 1.0
             grad_norm = 0.0
         optimizer.zero_grad(set_to_none=True)
-        names = sorted(out.metrics)
-        summed = all_reduce_sum([float(out.loss.detach())] + [float(out.metrics[k]) for k in names], ctx.device)
-        for key, value in zip(["loss", *names], summed, strict=True):
+        metrics = {k: float(v) for k, v in out.metrics.items()}
+        if ctx.critic is not None:
+            metrics.update(ctx.critic.train_minibatch(mb, mb.extras[RETURNS], token_count, ctx.world_size,
+                                                      ctx.grad_clip))
+        names = sorted(metrics)
+        summed = all_reduce_sum([float(out.loss.detach())] + [metrics[k] for k in names], ctx.device)
+        mb_totals = dict(zip(["loss", *names], summed, strict=True))
+        ess = effective_sample_size(mb_totals)
+        if ess is not None:
+            mb_totals["ess"] = ess
+        for key, value in mb_totals.items():
             totals[key] = totals.get(key, 0.0) + value / len(bounds)     # mean over minibatches
         totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm / len(bounds)
     counts = all_reduce_sum([float(len(samples)), float(batch.response_mask.sum()), float(batch.rewards.sum())],
                             ctx.device)
     totals.update(samples=counts[0], tokens=counts[1], reward_mean=counts[2] / max(counts[0], 1.0))
+    totals.update(version_totals(all_reduce_sum(version_sums(batch), ctx.device)))
     return totals
 
 
@@ -105,4 +162,3 @@ def _row_bounds(group_sizes: Sequence[int], groups_per_mb: int, count: int) -> l
         bounds.append((lo, hi))
         lo = hi
     return bounds
-

@@ -6,16 +6,14 @@ Serves rlfleet.v1.WeightSync until SIGTERM/SIGINT, then exits 0.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 from prometheus_client import CollectorRegistry
 
 from rlfleet.config import ConfigError
 from rlfleet.metrics import JsonlLog, WeightSyncMetrics, serve_metrics
 from rlfleet.rpc import Server
-from rlfleet.service_main import listen_address, parse_service_args
+from rlfleet.service_main import listen_address, parse_service_args, serve_until, stop_on_signals
 from rlfleet.v1 import weight_sync_pb2_grpc
 from services.weight_sync.board import VersionBoard
 from services.weight_sync.servicer import WeightSyncServicer
@@ -43,14 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     server.add(weight_sync_pb2_grpc.add_WeightSyncServicer_to_server, WeightSyncServicer(board, metrics, jsonl),
                "rlfleet.v1.WeightSync")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     server.start()
     serve_metrics(registry, args.metrics_port)
     log.info("serving rlfleet.v1.WeightSync on %s (port %d)", bind, server.port)
-    while not stop.wait(1.0):
-        pass
+    serve_until(stop)
     log.info("stopping")
     board.close()
     server.stop(grace=1.0)

@@ -72,6 +72,7 @@ class VersionBoard:
         self._replicas: dict[str, Replica] = {}
         self._ids = itertools.count(1)
         self._closed = False
+        self._peers: dict[tuple[str, str], object] = {}      # (transport, peer id) -> PeerInfo
 
     # --- trainer -------------------------------------------------------------------------------------------------
     def publish(self, manifest: weights_pb2.WeightManifest) -> int:
@@ -128,6 +129,24 @@ class VersionBoard:
             self._cond.notify_all()
             return AckOutcome(ok, error, pub.manifest.transport if pub else "",
                               time.monotonic() - pub.at if pub else None)
+
+    # --- data-plane peers (NIXL agents, the trainer's collective rendezvous) ----------------------------------------
+    def register(self, peer: object, transport: str, peer_id: str) -> None:
+        """Remember (or replace) how to reach `peer_id`'s data plane for `transport`."""
+        with self._cond:
+            self._peers[(transport, peer_id)] = peer
+            self._cond.notify_all()
+
+    def peers(self, transport: str, min_peers: int, wait_seconds: float) -> list[object]:
+        """Registered peers of `transport` (by id), waiting up to wait_seconds until there are min_peers."""
+        deadline = time.monotonic() + max(0.0, wait_seconds)
+        with self._cond:
+            while True:
+                found = [p for (t, _), p in sorted(self._peers.items(), key=lambda kv: kv[0]) if t == transport]
+                left = deadline - time.monotonic()
+                if len(found) >= min_peers or left <= 0 or self._closed:
+                    return found
+                self._cond.wait(min(left, 1.0))
 
     # --- anyone ---------------------------------------------------------------------------------------------------
     def _subscribed(self) -> list[str]:

@@ -89,6 +89,26 @@ class WeightSyncServicer(weight_sync_pb2_grpc.WeightSyncServicer):
                                          error=r.error, last_update_seconds=r.last_update, failures=r.failures)
             for r in replicas])
 
+    def Register(self, request: weight_sync_pb2.PeerInfo,  # noqa: N802
+                 context: grpc.ServicerContext) -> weight_sync_pb2.RegisterReply:
+        if not request.peer_id or not request.transport:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PeerInfo needs peer_id and transport")
+        peer = weight_sync_pb2.PeerInfo()
+        peer.CopyFrom(request)
+        self._board.register(peer, request.transport, request.peer_id)
+        log.info("data-plane peer %s registered for %s", request.peer_id, request.transport)
+        self._write({"event": "register", "peer": request.peer_id, "transport": request.transport})
+        return weight_sync_pb2.RegisterReply()
+
+    def Peers(self, request: weight_sync_pb2.PeersRequest,  # noqa: N802
+              context: grpc.ServicerContext) -> weight_sync_pb2.PeersReply:
+        wait = min(max(request.wait_seconds, 0.0), MAX_VERIFY_WAIT)
+        left = context.time_remaining()
+        if left is not None:
+            wait = min(wait, max(0.0, left - 0.2))
+        found = self._board.peers(request.transport, request.min_peers, wait)
+        return weight_sync_pb2.PeersReply(peers=found)
+
     def _write(self, record: dict) -> None:
         if self._jsonl is not None:
             self._jsonl.write({"service": "weight_sync", **record})

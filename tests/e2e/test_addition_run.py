@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.runs import run_rlfleet, summary
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 @pytest.mark.parametrize("staleness", [0, 2])

@@ -315,9 +315,12 @@ def test_redis_groups_read_by_a_dead_consumer_are_queued_again(redis_server: Red
     core.close()
 
 
-def test_redis_restart_between_calls_is_noticed_and_state_reloaded(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("info_every_commit", [False, True])
+def test_redis_restart_between_calls_is_noticed_and_state_reloaded(redis_server: RedisServer,
+                                                                    info_every_commit: bool) -> None:
     settings = BufferSettings(capacity=64, group_size=2, groups_per_step=1, min_valid_per_group=1, max_staleness=9)
-    core = BufferCore(RedisStore(redis_server.url, prefix=f"test{next(_prefixes)}"), settings)
+    store = RedisStore(redis_server.url, prefix=f"test{next(_prefixes)}", info_every_commit=info_every_commit)
+    core = BufferCore(store, settings)
     gid = claim_one(core)
     core.put(group(gid, 2), 0)
     redis_server.restart()                                # kill -9, AOF replayed

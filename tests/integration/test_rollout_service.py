@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -52,11 +53,13 @@ class FakeBuffer(buffer_pb2_grpc.BufferServicer):
         self.claims: list[tuple[str, int]] = []
         self.refused = 0
         self.finish = threading.Event()
+        self.told_finished = threading.Event()
         self._lock = threading.Lock()
 
     def Claim(self, request, context):
         self.claims.append((request.replica_id, request.weight_version))
         if self.finish.is_set():
+            self.told_finished.set()
             return buffer_pb2.ClaimReply(finished=True, reason="finished")
         with self._lock:
             out = [self.tickets.popleft() for _ in range(min(request.max_groups, len(self.tickets)))]
@@ -146,6 +149,21 @@ def servers():
     wsrv.stop(0)
 
 
+
+def finish_and_terminate(proc: subprocess.Popen, buffer: FakeBuffer, rollout_addr: str) -> None:
+    """After the buffer says finished the replica still serves Generate (final evaluation); SIGTERM ends it, exit 0."""
+    buffer.finish.set()
+    assert buffer.told_finished.wait(60), "the replica did not claim again"
+    time.sleep(0.5)
+    assert proc.poll() is None, proc.stderr.read()
+    with channel(rollout_addr, TOKEN) as ch:
+        reply = rollout_pb2_grpc.RolloutStub(ch).Generate(rollout_pb2.GenerateRequest(
+            input_ids=[pack_i32([1, 5, 14])], sampling=rollout_pb2.SamplingParams(max_new_tokens=2)), timeout=60)
+    assert len(reply.generations) == 1
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+
+
 def test_replica_claims_generates_puts_and_serves_generate(tmp_path: Path, servers) -> None:
     buffer, weights, buffer_addr, ws_addr = servers
     model_dir = make_tiny_model(tmp_path / "model", seed=0)
@@ -174,8 +192,7 @@ def test_replica_claims_generates_puts_and_serves_generate(tmp_path: Path, serve
             with pytest.raises(grpc.RpcError) as denied, channel(rollout_addr, "wrong") as bad:
                 rollout_pb2_grpc.RolloutStub(bad).Status(rollout_pb2.RolloutStatusRequest(), timeout=10)
             assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        buffer.finish.set()
-        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        finish_and_terminate(proc, buffer, rollout_addr)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -274,8 +291,7 @@ def test_weight_versions_arrive_by_subscription_and_load_weights(tmp_path: Path)
             failed = weights.wait_acks(3)[2]
             assert not failed.ok and failed.version == 2 and failed.error
             assert stub.Status(rollout_pb2.RolloutStatusRequest(), timeout=10).weight_version == 2
-        buffer.finish.set()
-        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        finish_and_terminate(proc, buffer, rollout_addr)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -16,15 +16,20 @@ from rlfleet.atomic import write_bytes_atomic
 from services.buffer.mutations import Mutation, decode, encode
 from services.buffer.state import State
 from services.buffer.stores import StoreError
-from services.buffer.stores.logfile import AppendLog, iter_frames, read_records
+from services.buffer.stores.logfile import AppendLog, frame_parts, iter_frames, read_records
 
 _LEN = struct.Struct("<I")
 LOG_NAME = "buffer.log"
 
 
 def _body(m: Mutation) -> bytes:
+    return b"".join(_body_parts(m))
+
+
+def _body_parts(m: Mutation) -> list[bytes]:
+    """The record body as [header length, JSON header, payload]: a sample's bytes are written, never copied here."""
     header, payload = encode(m)
-    return _LEN.pack(len(header)) + header + payload
+    return [_LEN.pack(len(header)), header, payload]
 
 
 def _parse(body: bytes) -> Mutation:
@@ -68,7 +73,7 @@ class EmbeddedStore:
         try:
             if self._log.size > max(self.compact_min_bytes, 4 * self._live_bytes):
                 self.compact(state)
-            self._log.append([_body(m) for m in mutations])
+            self._log.append_buffers([buf for m in mutations for buf in frame_parts(_body_parts(m))])
             if self.fsync == "always":
                 self._log.fsync()
             else:

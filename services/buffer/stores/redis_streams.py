@@ -9,11 +9,11 @@ Keys under PREFIX (rlfleet:<run>:buffer):
             committed), Ack XACKs and XDELs them. Entries after the group's last-delivered id are the ready queue.
   batches   hash step -> JSON {gids, ready_seqs}: what each unacked step was given (exact re-delivery).
   meta      hash: cursor, seq, counters, committed step, policy version, dropped:<reason>.
-Each commit is one MULTI/EXEC pipeline (samples are pipelined XADDs inside it), so Redis always holds a consistent
-state; after any error, or when INFO shows a new redis run_id (a restart the client reconnected through), the
-buffer reloads everything from Redis. On load, pending `ready` entries that no batch
-records (a consumer that died between read and record), idle for orphan_idle_ms, are taken over with XAUTOCLAIM
-and queued again.
+Each commit is one MULTI/EXEC pipeline (samples are pipelined XADDs inside it; see redis_commit), so Redis always
+holds a consistent state; after any error, or when INFO shows a new redis run_id (a restart the client reconnected
+through; asked after any new connection), the buffer reloads everything from Redis. On load, pending `ready` entries
+that no batch records (a consumer that died between read and record), idle for orphan_idle_ms, are taken over with
+XAUTOCLAIM and queued again.
 Durability is Redis's: run it with --appendonly yes (appendfsync everysec survives a kill -9 of redis-server).
 The buffer process must be the only writer of its prefix.
 """
@@ -30,17 +30,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from services.buffer.mutations import AckSteps, Add, Close, Counters, Deliver, Issue, Mutation, Policy, Stale
+from services.buffer.mutations import Add, Close, Counters, Deliver, Issue, Mutation
 from services.buffer.state import State
 from services.buffer.stores import StoreError
+from services.buffer.stores.redis_commit import CONSUMER, GROUP, CommitBuilder, sid
 
-GROUP = b"trainer"
-CONSUMER = b"buffer"
 log = logging.getLogger(__name__)
-
-
-def sid(seq: int) -> str:
-    return f"0-{seq}"
 
 
 def seq_of(stream_id: bytes | str) -> int:
@@ -52,10 +47,13 @@ class RedisStore:
     """Buffer state in Redis Streams and hashes; see the module docstring for the key layout."""
 
     def __init__(self, url: str, prefix: str = "rlfleet:run:buffer", client: redis.Redis | None = None,
-                 orphan_idle_ms: int = 0) -> None:
+                 orphan_idle_ms: int = 0, info_every_commit: bool = False) -> None:
         # no client-side retries: a re-sent MULTI could apply twice; the buffer reloads instead
+        self._connects = self._checked = 0
+        # info_every_commit: for a proxy that keeps client connections across a restart of the server behind it
+        self._watching = client is None and not info_every_commit
         self.r = client or redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_timeout=30,
-                                                socket_connect_timeout=5)
+                                                socket_connect_timeout=5, redis_connect_func=self._on_connect)
         self.k = {name: f"{prefix}:{name}" for name in ("samples", "open", "ready", "batches", "meta")}
         self._run_id = ""
         self.orphan_idle_ms = orphan_idle_ms    # 0: the buffer is the only reader, so at start any is orphaned
@@ -68,6 +66,7 @@ class RedisStore:
             raise StoreError(f"redis: {exc}") from exc
 
     def _load(self) -> State:
+        self._checked = self._connects
         self._run_id = self.r.info("server")["run_id"]
         try:
             self.r.xgroup_create(self.k["ready"], GROUP, id="0", mkstream=True)
@@ -142,70 +141,37 @@ class RedisStore:
     # ---- commit --------------------------------------------------------------------------------------------------
     def commit(self, mutations: list[Mutation], state: State) -> None:
         pipe = self.r.pipeline(transaction=True)
-        checks: list[tuple[int, tuple[int, ...]]] = []
-        cursor, seq = state.next_prompt_index, state.seq
-        for m in mutations:
-            if isinstance(m, Issue):
-                cursor = max(cursor, m.prompt_index + 1)
-                ticket = {"p": m.prompt_index, "n": m.group_size, "d": m.deadline, "r": m.replica}
-                pipe.hset(self.k["open"], m.gid, json.dumps(ticket))
-                pipe.hset(self.k["meta"], "cursor", cursor)
-            elif isinstance(m, Add):
-                seq = max(seq, m.seq)
-                pipe.xadd(self.k["samples"], {"g": m.gid, "i": m.index, "v": m.weight_version, "s": m.status,
-                                              "r": repr(m.reward), "d": m.data}, id=sid(m.seq))
-                pipe.hincrby(self.k["meta"], "put", 1)
-            elif isinstance(m, Close):
-                seq = max(seq, m.seq)
-                g = state.open[m.gid]
-                pipe.hdel(self.k["open"], m.gid)
-                if m.kept:
-                    pipe.xadd(self.k["ready"], {"g": m.gid, "k": ",".join(map(str, m.kept)), "p": g.prompt_index,
-                                                "n": g.group_size}, id=sid(m.seq))
-                self._drop(pipe, m.drop_seqs, m.drops)
-            elif isinstance(m, Stale):
-                if m.ready_seqs:
-                    pipe.xdel(self.k["ready"], *map(sid, m.ready_seqs))
-                self._drop(pipe, m.sample_seqs, {"stale": m.samples})
-            elif isinstance(m, Deliver):
-                checks.append((len(pipe), m.ready_seqs))
-                pipe.xreadgroup(GROUP, CONSUMER, {self.k["ready"]: ">"}, count=len(m.ready_seqs))
-                pipe.hset(self.k["batches"], m.step, json.dumps({"gids": m.gids, "ready_seqs": m.ready_seqs}))
-            elif isinstance(m, AckSteps):
-                if m.ready_seqs:
-                    ids = list(map(sid, m.ready_seqs))
-                    pipe.xack(self.k["ready"], GROUP, *ids)
-                    pipe.xdel(self.k["ready"], *ids)
-                if m.sample_seqs:
-                    pipe.xdel(self.k["samples"], *map(sid, m.sample_seqs))
-                if m.steps:
-                    pipe.hdel(self.k["batches"], *m.steps)
-                pipe.hincrby(self.k["meta"], "acked", m.samples)
-                pipe.hincrby(self.k["meta"], "acked_groups", m.groups)
-                pipe.hset(self.k["meta"], "committed_step", max(state.committed_step, m.committed_step))
-            elif isinstance(m, Policy):
-                pipe.hset(self.k["meta"], "policy", m.version)
-            else:
-                raise TypeError(f"redis store cannot commit {m!r}")
-        pipe.hset(self.k["meta"], "seq", seq)
-        pipe.info("server")
+        builder = CommitBuilder(pipe, self.k, state)
+        builder.queue(mutations)
+        if not self._watching:
+            pipe.info("server")
         try:
             results = pipe.execute()
+            self._check_same_server(results[-1] if not self._watching else None)
         except redis.RedisError as exc:
             raise StoreError(f"redis: {exc}") from exc
-        if results[-1]["run_id"] != self._run_id:    # restarted since load: it may hold less than we remember
-            raise StoreError("redis restarted since the state was loaded")
-        for pos, expected in checks:
+        for pos, expected in builder.checks:
             got = tuple(seq_of(e[0]) for _, entries in (results[pos] or []) for e in entries)
             if got != expected:
                 raise StoreError(f"redis: ready stream delivered {got}, expected {expected}")
 
-    def _drop(self, pipe: Any, seqs: tuple[int, ...], drops: dict[str, int]) -> None:
-        if seqs:
-            pipe.xdel(self.k["samples"], *map(sid, seqs))
-        for reason, n in drops.items():
-            if n:
-                pipe.hincrby(self.k["meta"], f"dropped:{reason}", n)
+    def _on_connect(self, conn: redis.Connection) -> None:
+        conn.on_connect()
+        self._connects += 1
+
+    def _check_same_server(self, info: dict[str, Any] | None) -> None:
+        """StoreError when the server is not the run that load() read: a restart may have lost recent writes.
+
+        A restart breaks every connection, so only a commit that used a new connection (counted by _on_connect)
+        needs the run_id: then INFO is asked once, not in every commit. A client passed in is not watched, nor is
+        any with info_every_commit: those commits carry INFO in their MULTI.
+        """
+        if info is not None and info["run_id"] != self._run_id:
+            raise StoreError("redis restarted since the state was loaded")
+        while self._watching and self._connects != self._checked:
+            self._checked = self._connects
+            if self.r.info("server")["run_id"] != self._run_id:
+                raise StoreError("redis restarted since the state was loaded")
 
     def close(self) -> None:
         self.r.close()

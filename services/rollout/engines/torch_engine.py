@@ -9,6 +9,7 @@ in-flight sequences continue under the new weights (each token records the versi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import deque
@@ -25,6 +26,7 @@ from transformers.cache_utils import DynamicCache
 from rlfleet.protocols import Generation, SamplingParams
 from services.rollout.engines import kv_cache
 from services.rollout.engines.base import EngineError, EngineGeneration, EngineStats
+from services.rollout.engines.moe_routes import RouteRecorder
 from services.rollout.engines.sampling import RowSampling, choose_tokens
 from services.rollout.engines.weights import check_update, load_safetensors_folder
 
@@ -43,6 +45,8 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    seed: int | None = None          # the sampling stream's seed: a retracted request restarts it
+    routes: list[np.ndarray] = field(default_factory=list)     # MoE: [layers, K] expert ids per output token
 
 
 def _eos_ids(model: torch.nn.Module) -> frozenset[int]:
@@ -71,6 +75,7 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
+        self._routes = RouteRecorder.attach(self.model)        # MoE models: record routes for R3, else None
         self._seeds = torch.Generator().manual_seed(seed)       # seeds requests that bring none
         self._version = weight_version
         self._waiting: deque[_Request] = deque()
@@ -112,7 +117,7 @@ class TorchEngine:
             rng = np.random.default_rng(seed) if sampling.temperature > 0 else None
             row = RowSampling(sampling.temperature, sampling.top_p, sampling.top_k, rng)
             self._waiting.append(_Request([int(t) for t in input_ids], sampling, future, row,
-                                          self.eos_ids | frozenset(sampling.stop_token_ids)))
+                                          self.eos_ids | frozenset(sampling.stop_token_ids), seed=seed))
             self._cv.notify_all()
         return future
 
@@ -158,6 +163,53 @@ class TorchEngine:
         for req in victims:
             self._resolve(req, "abort")
         return len(victims)
+
+    def retract_in_flight(self) -> int:
+        """Partial rollouts, retract mode: every running request goes back to the front of the queue with its output
+        dropped and its KV rows freed; it is generated again from its prompt (same seed) under the weights loaded
+        when it is admitted. Futures stay pending. Call while paused, before a weight update. Returns how many."""
+        with self._step_lock:
+            victims = self._running
+            self._running, self._cache = [], None
+            self._mask = self._mask[:0, :0]
+            self._pos, self._last = self._pos[:0], self._last[:0]
+            with self._cv:
+                for req in reversed(victims):
+                    for part in (req.output_ids, req.logprobs, req.versions, getattr(req, "routes", [])):
+                        part.clear()
+                    if req.row.rng is not None:
+                        req.row = dataclasses.replace(req.row, rng=np.random.default_rng(req.seed))
+                    self._waiting.appendleft(req)
+                self._cv.notify_all()
+        return len(victims)
+
+    def abort(self, futures: Iterable[Future[Generation]]) -> int:
+        """Resolve these requests now with finish_reason 'abort' (over-sampled work no longer needed), freeing their
+        batch slots and KV rows; the other requests continue. Returns how many were still in the engine."""
+        targets = {id(f) for f in futures}
+        with self._step_lock:
+            with self._cv:
+                victims = [r for r in self._waiting if id(r.future) in targets]
+                self._waiting = deque(r for r in self._waiting if id(r.future) not in targets)
+            keep = [i for i, r in enumerate(self._running) if id(r.future) not in targets]
+            victims += [r for r in self._running if id(r.future) in targets]
+            if len(keep) < len(self._running):
+                self._running = [self._running[i] for i in keep]
+                if keep:
+                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+                    self._mask = kv_cache.select(self._cache, self._mask, idx)
+                    self._pos, self._last = self._pos[idx], self._last[idx]
+                else:
+                    self._cache = None
+                    self._mask = self._mask[:0, :0]
+                    self._pos, self._last = self._pos[:0], self._last[:0]
+        for req in victims:
+            self._resolve(req, "abort")
+        return len(victims)
+
+    def kv_tokens(self) -> int:
+        """KV positions held for the running batch (rows x length): 0 when nothing runs, i.e. nothing leaked."""
+        return int(self._mask.numel()) if self._cache is not None else 0
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._running), waiting=len(self._waiting), generated_tokens=self._generated,
@@ -211,6 +263,7 @@ class TorchEngine:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
                          logits_to_keep=1)
         logits = out.logits[:, -1]                                               # [N, V]
+        routes = self._routes.take(len(reqs), length)[:, -1] if self._routes else None   # [N, layers, K]
         if self._cache is None or not self._running:
             self._cache, self._mask = out.cache, mask
             self._pos, self._last = mask.sum(1), torch.zeros(len(reqs), dtype=torch.long, device=self.device)
@@ -220,7 +273,7 @@ class TorchEngine:
             self._pos = torch.cat([self._pos, mask.sum(1)])
             self._last = torch.cat([self._last, torch.zeros(len(reqs), dtype=torch.long, device=self.device)])
             self._running = self._running + list(reqs)
-        self._accept(logits, first=len(self._running) - len(reqs))
+        self._accept(logits, first=len(self._running) - len(reqs), routes=routes)
 
     def _decode(self) -> None:
         b = len(self._running)
@@ -229,10 +282,14 @@ class TorchEngine:
                          position_ids=self._pos.unsqueeze(1), cache=self._cache, use_cache=True)
         self._cache = out.cache
         self._pos = self._pos + 1
-        self._accept(out.logits[:, -1], first=0)                                # logits: [B, V]
+        routes = self._routes.take(b, 1)[:, 0] if self._routes else None       # [B, layers, K]
+        self._accept(out.logits[:, -1], first=0, routes=routes)                 # logits: [B, V]
 
-    def _accept(self, logits: torch.Tensor, first: int) -> None:
-        """logits: [R, V] for running rows first..first+R-1. Choose tokens, finish requests, drop their rows."""
+    def _accept(self, logits: torch.Tensor, first: int, routes: torch.Tensor | None = None) -> None:
+        """logits: [R, V] for running rows first..first+R-1. Choose tokens, finish requests, drop their rows.
+
+        routes: [R, layers, K] expert ids of the forward that produced these logits (MoE models), else None.
+        """
         rows = self._running[first:]
         tokens, logprobs = choose_tokens(logits, [r.row for r in rows])         # [R], [R]
         self._last[first:] = tokens
@@ -242,6 +299,8 @@ class TorchEngine:
             req.output_ids.append(tok)
             req.logprobs.append(lp)
             req.versions.append(version)
+            if routes is not None:
+                req.routes.append(routes[i].numpy())
             if tok in req.stop_ids:
                 done.append((first + i, "stop"))
             elif len(req.output_ids) >= req.sampling.max_new_tokens:
@@ -270,7 +329,8 @@ class TorchEngine:
             return
         req.future.set_result(EngineGeneration(
             output_ids=tuple(req.output_ids), logprobs=tuple(req.logprobs), finish_reason=reason,
-            weight_version=req.versions[0] if req.versions else self._version, token_versions=tuple(req.versions)))
+            weight_version=req.versions[0] if req.versions else self._version, token_versions=tuple(req.versions),
+            routed_experts=np.stack(req.routes) if req.routes else None))       # [T, layers, K]
 
     def _fail_all(self, exc: Exception, admitted: list[_Request]) -> None:
         victims, self._running, self._cache = self._running + admitted, [], None

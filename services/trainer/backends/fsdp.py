@@ -1,11 +1,20 @@
-"""FSDP2 backend: torch.distributed (gloo on CPU, NCCL on CUDA), HF causal LM sharded per decoder layer, AdamW."""
+"""FSDP2 backend: torch.distributed (gloo on CPU, NCCL on CUDA), HF causal LM sharded per decoder layer, AdamW.
+
+Options (trainer.*): precision (bf16 compute with fp32 master weights on CUDA, fp32 on CPU), activation
+checkpointing, sequence packing (services/trainer/packing.py), LoRA adapters (services/trainer/lora.py), an LR
+schedule, and the auxiliary models some algorithms need: the reference model (kl.coef > 0), the distillation teacher
+and PPO's critic, each sharded the same way.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +26,16 @@ from torch.distributed.tensor import DTensor
 
 from rlfleet.config import Config
 from rlfleet.sample import Sample
+from services.trainer import checkpoint
+from services.trainer.algorithms import needs_critic, needs_teacher
+from services.trainer.aux_models import FrozenScorer
+from services.trainer.batch import forward_logprobs
+from services.trainer.critic import Critic
 from services.trainer.hooks import call_hooks
+from services.trainer.lora import apply_lora, is_adapter
+from services.trainer.packing import packed_forward_logprobs
+from services.trainer.routing_replay import RoutingReplay
+from services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
 from services.trainer.step import StepContext, train_step
 from services.weight_sync.manifest import DTYPES
 
@@ -75,36 +93,132 @@ class FsdpBackend:
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        t = cfg.trainer
         self.publish_dtype = DTYPES[cfg.model.dtype]
         model = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32)
         model.to(device)
+        if t.lora.rank:                  # before the hook, so a hook sees the model that trains
+            apply_lora(model, t.lora.rank, t.lora.alpha, t.lora.targets, seed=cfg.run.seed)
         call_hooks(hooks, "after_model_init", model)
-        mesh = init_device_mesh(device.type, (world_size,))
-        mp = MixedPrecisionPolicy() if self.publish_dtype == torch.float32 else \
-            MixedPrecisionPolicy(param_dtype=self.publish_dtype, reduce_dtype=torch.float32)
-        for layer in _decoder_layers(model):
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
-        self.model = model
-        t = cfg.trainer
+        # R3: hooks on the MoE routers, installed before sharding; None for trainer.routing_replay: false
+        self.routing_replay = RoutingReplay(model) if cfg.trainer.routing_replay else None
+        if t.activation_checkpointing:          # recompute each decoder layer's activations in backward
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        self.mesh = init_device_mesh(device.type, (world_size,))
+        self.compute_dtype = compute_dtype(t.precision, device)
+        self.model = self._shard(model)
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr,
                                            betas=tuple(t.betas), weight_decay=t.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, t.scheduler, t.steps)
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self.forward = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens, pad_id=self.pad_id,
+                               compute_dtype=self.compute_dtype) if t.packing.enabled else None
+        self.reference = FrozenScorer(cfg.model_path, device, self._shard, self._forward) if t.kl.coef > 0 else None
+        self.teacher = None
+        if needs_teacher(t):
+            if not t.teacher.model_path:
+                raise ValueError(f"trainer.algorithm {t.algorithm} needs trainer.teacher.model_path")
+            self.teacher = FrozenScorer(t.teacher.model_path, device, self._shard, self._forward)
+        self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, tuple(t.betas)) \
+            if needs_critic(t) else None
+        self._trained_ids: list[str] = []         # sample ids trained on since the last checkpoint (this rank)
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 per decoder layer, then the whole model; bf16 compute with fp32 master weights when enabled."""
+        mp = MixedPrecisionPolicy() if self.compute_dtype == torch.float32 else \
+            MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=self.mesh, mp_policy=mp)
+        fully_shard(model, mesh=self.mesh, mp_policy=mp)
+        return model
+
+    def _forward(self, model: torch.nn.Module, batch: Any, temperature: float) -> torch.Tensor:
+        if self.forward is not None:
+            return self.forward(model, batch, temperature)
+        return forward_logprobs(model, batch, temperature)
 
     def clip_grad(self, max_norm: float) -> float:
         """Clip the gradient norm over all ranks' shards; returns the norm before clipping."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return float(norm)
+        return _clip_module_grad(self.model, max_norm)
 
     def train_step(self, groups: Sequence[Sequence[Sample]], step: int, ctx: StepContext) -> dict[str, float]:
-        return train_step(self.model, self.optimizer, self.clip_grad, groups, step, ctx)
+        ctx = replace(ctx, routing_replay=self.routing_replay, forward=self.forward, reference=self.reference,
+                      teacher=self.teacher, critic=self.critic)
+        lr = self.optimizer.param_groups[0]["lr"]
+        metrics = train_step(self.model, self.optimizer, self.clip_grad, groups, step, ctx)
+        self.scheduler.step()                               # one scheduler step per trainer step
+        self._trained_ids.extend(s.sample_id for g in groups for s in g)
+        metrics["lr"] = lr
+        if self.routing_replay is not None:
+            metrics.update(self.routing_replay.pop_stats())     # this rank's r3_replayed, r3_route_mismatch
+        return metrics
+
+    # -- checkpoints (services/trainer/backends/__init__.py uses these when present) --------------------------------
+
+    def _aux(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        return {"critic": (self.critic.model, self.critic.optimizer)} if self.critic is not None else {}
+
+    def save_checkpoint(self, run_dir: Path, step: int, version: int, keep: int) -> Path:
+        """Collective: model, optimizer, critic, scheduler, RNG, committed sample ids, HF config files."""
+        t = self.cfg.trainer
+        meta: dict[str, Any] = {"model_path": str(Path(self.cfg.model_path).resolve())}
+        if t.lora.rank:
+            meta["lora"] = {"rank": t.lora.rank, "alpha": t.lora.alpha, "targets": list(t.lora.targets)}
+        path = checkpoint.save(run_dir, step, version, self.model, self.optimizer, self.device, keep,
+                               aux=self._aux(), json_state={"scheduler": scheduler_state(self.scheduler)},
+                               meta_extra=meta, sample_ids=self._trained_ids,
+                               files=hf_side_files(self.cfg.model_path) if self.rank == 0 else {})
+        self._trained_ids = []
+        return path
+
+    def load_checkpoint(self, info: checkpoint.CheckpointInfo) -> None:
+        checkpoint.load(info, self.model, self.optimizer, self.device, aux=self._aux())
+        state = checkpoint.read_json_state(info, "scheduler")
+        if state is not None:
+            restore_scheduler(self.scheduler, state)
+        self._trained_ids = []
+
+    @property
+    def adapter_options(self) -> dict[str, str] | None:
+        """LoRA: the manifest options of an adapter-only publish (None: full weights)."""
+        lora = self.cfg.trainer.lora
+        if not lora.rank:
+            return None
+        return {"rank": str(lora.rank), "alpha": repr(float(lora.alpha)), "targets": ",".join(lora.targets)}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Collective. Rank 0 gets every tensor (CPU, publish dtype); other ranks get {}."""
+        """Collective. Rank 0 gets every tensor (CPU, publish dtype) -- with LoRA only the adapters; others get {}."""
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return {}
+        if self.cfg.trainer.lora.rank:
+            sd = {k: v for k, v in sd.items() if is_adapter(k)}
         return {k: (v.to(self.publish_dtype) if v.is_floating_point() else v) for k, v in sd.items()}
+
+
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """trainer.precision -> the FSDP2 compute dtype (parameters are kept in fp32 either way: the master copy)."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def _clip_module_grad(model: torch.nn.Module, max_norm: float) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+SIDE_FILE_LIMIT = 16 * 2**20
+
+
+def hf_side_files(model_path: Path | str) -> dict[str, bytes]:
+    """The model folder's config and tokenizer files (not weights) as hf/NAME, for `rlfleet convert`."""
+    out = {}
+    for f in sorted(Path(model_path).iterdir()):
+        weights = f.suffix in (".safetensors", ".bin", ".pt", ".pth")
+        if f.is_file() and not weights and f.stat().st_size < SIDE_FILE_LIMIT:
+            out[f"hf/{f.name}"] = f.read_bytes()
+    return out

@@ -176,14 +176,21 @@ class BucketedSender:
         if self._closed.is_set():
             raise RuntimeError("BucketedSender is closed")
         staged = stage_tensors(version, step, named_tensors, self.bucket_bytes, self._endpoint)
+        self.put(staged)
+        manifest = weights_pb2.WeightManifest()
+        manifest.CopyFrom(staged.manifest)
+        return manifest
+
+    def put(self, staged: StagedVersion) -> None:
+        """Serve a version another sender already laid out (the broadcast transport's gRPC fallback)."""
+        if self._closed.is_set():
+            raise RuntimeError("BucketedSender is closed")
+        version = staged.manifest.version
         with self._lock:
             self._staged.pop(version, None)
             self._staged[version] = staged
             while len(self._staged) > self.keep_versions:
                 self._staged.popitem(last=False)   # a Fetch already streaming an evicted version keeps its reference
-        manifest = weights_pb2.WeightManifest()
-        manifest.CopyFrom(staged.manifest)
-        return manifest
 
     def close(self) -> None:
         """Stop serving now (streams in flight fail) and drop the staged versions."""

@@ -1,0 +1,106 @@
+"""One commit of the Redis store as the commands of one MULTI/EXEC pipeline.
+
+Commands are coalesced so a commit costs one round trip and few commands: the samples of a Put are one XADD each
+(their ids are their seqs), ticket writes are one HSET, every sample that leaves the store is in one XDEL, and every
+counter that changed is written as its new absolute value in one HSET of `meta` (the buffer is the single writer and
+its State mirrors Redis, so `state` + these mutations is exactly what Redis will hold after EXEC). Commands on the
+`ready` stream keep their order: a Stale XDEL must precede the XREADGROUP of a Deliver in the same commit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.buffer.mutations import AckSteps, Add, Close, Deliver, Issue, Mutation, Policy, Stale
+from services.buffer.state import State
+
+GROUP = b"trainer"
+CONSUMER = b"buffer"
+
+
+def sid(seq: int) -> str:
+    return f"0-{seq}"
+
+
+class CommitBuilder:
+    """Queues the commands for a list of mutations on pipe; `checks` names each XREADGROUP reply to verify."""
+
+    def __init__(self, pipe: Any, keys: dict[str, str], state: State) -> None:
+        self.pipe, self.k, self.state = pipe, keys, state
+        self.checks: list[tuple[int, tuple[int, ...]]] = []
+        self.meta: dict[str, Any] = {}
+        self.tickets: dict[str, str] = {}
+        self.gone: list[str] = []                      # sample entries that leave the store
+        self.dropped: dict[str, int] = {}
+
+    def queue(self, mutations: list[Mutation]) -> None:
+        st, meta = self.state, self.meta
+        cursor, seq, put = st.next_prompt_index, st.seq, st.put_samples
+        acked, acked_groups, committed = st.acked_samples, st.acked_groups, st.committed_step
+        for m in mutations:
+            if isinstance(m, Add):
+                seq = max(seq, m.seq)
+                put += 1
+                self.pipe.xadd(self.k["samples"], {"g": m.gid, "i": m.index, "v": m.weight_version, "s": m.status,
+                                                   "r": repr(m.reward), "d": m.data}, id=sid(m.seq))
+            elif isinstance(m, Issue):
+                cursor = max(cursor, m.prompt_index + 1)
+                self.tickets[m.gid] = json.dumps({"p": m.prompt_index, "n": m.group_size, "d": m.deadline,
+                                                  "r": m.replica})
+            elif isinstance(m, Close):
+                seq = max(seq, m.seq)
+                self._close(m)
+            elif isinstance(m, Stale):
+                if m.ready_seqs:
+                    self.pipe.xdel(self.k["ready"], *map(sid, m.ready_seqs))
+                self._drop(m.sample_seqs, {"stale": m.samples})
+            elif isinstance(m, Deliver):
+                self.checks.append((len(self.pipe), m.ready_seqs))
+                self.pipe.xreadgroup(GROUP, CONSUMER, {self.k["ready"]: ">"}, count=len(m.ready_seqs))
+                self.pipe.hset(self.k["batches"], m.step, json.dumps({"gids": m.gids, "ready_seqs": m.ready_seqs}))
+            elif isinstance(m, AckSteps):
+                if m.ready_seqs:
+                    ids = list(map(sid, m.ready_seqs))
+                    self.pipe.xack(self.k["ready"], GROUP, *ids)
+                    self.pipe.xdel(self.k["ready"], *ids)
+                self.gone.extend(map(sid, m.sample_seqs))
+                if m.steps:
+                    self.pipe.hdel(self.k["batches"], *m.steps)
+                acked, acked_groups = acked + m.samples, acked_groups + m.groups
+                committed = max(committed, m.committed_step)
+                meta.update(acked=acked, acked_groups=acked_groups, committed_step=committed)
+            elif isinstance(m, Policy):
+                meta["policy"] = m.version
+            else:
+                raise TypeError(f"redis store cannot commit {m!r}")
+        if cursor != st.next_prompt_index:
+            meta["cursor"] = cursor
+        if put != st.put_samples:
+            meta["put"] = put
+        meta["seq"] = seq
+        meta.update({f"dropped:{r}": st.dropped.get(r, 0) + n for r, n in self.dropped.items()})
+        self._flush_tickets()
+        if self.gone:
+            self.pipe.xdel(self.k["samples"], *self.gone)
+        self.pipe.hset(self.k["meta"], mapping=meta)
+
+    def _close(self, m: Close) -> None:
+        g = self.state.open[m.gid]
+        self.tickets.pop(m.gid, None)
+        self.pipe.hdel(self.k["open"], m.gid)
+        if m.kept:
+            self.pipe.xadd(self.k["ready"], {"g": m.gid, "k": ",".join(map(str, m.kept)), "p": g.prompt_index,
+                                             "n": g.group_size}, id=sid(m.seq))
+        self._drop(m.drop_seqs, m.drops)
+
+    def _drop(self, seqs: tuple[int, ...], drops: dict[str, int]) -> None:
+        self.gone.extend(map(sid, seqs))
+        for reason, n in drops.items():
+            if n:
+                self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def _flush_tickets(self) -> None:
+        if self.tickets:
+            self.pipe.hset(self.k["open"], mapping=self.tickets)
+            self.tickets = {}

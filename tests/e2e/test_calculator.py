@@ -1,0 +1,37 @@
+"""The calculator agent example runs to completion: multi-turn TITO samples with tool tokens masked out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.runs import ROOT, run_rlfleet, summary
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+CONFIG = ROOT / "examples" / "calculator" / "config.yaml"
+
+
+@pytest.fixture(scope="module")
+def calculator_model() -> Path:
+    import torch
+
+    from examples.calculator.warm_start import SFT_STEPS, prepare
+
+    torch.set_num_threads(1)
+    path = Path.home() / ".cache" / "rlfleet" / f"calculator-warm-start-{SFT_STEPS}"
+    prepare(str(path), seed=0)
+    return path
+
+
+def test_calculator_example_runs(tmp_path: Path, calculator_model: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_rlfleet(run_dir, calculator_model, {"trainer.steps": 4, "rollout.group_size": 4},
+                         config=CONFIG, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run_dir)
+    assert s["steps"] == 4
+    assert s["buffer"]["acked_samples"] == 4 * 8 * 4
+    assert not {"failed", "aborted"} & set(s["buffer"]["dropped"])
+    log = (run_dir / "metrics" / "trainer.jsonl").read_text()
+    assert '"reward_mean"' in log
