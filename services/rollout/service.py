@@ -6,6 +6,7 @@ the work loop until the buffer says the run is finished, then serves Generate un
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import signal
 import sys
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 from prometheus_client import CollectorRegistry
 
 from rlfleet.config import Config
@@ -28,10 +30,18 @@ from rlfleet.v1 import rollout_pb2_grpc, weight_sync_pb2_grpc
 from services.rollout.context import ServiceContext
 from services.rollout.convert import sampling_from_config
 from services.rollout.engines import make_engine
+from services.rollout.engines.base import Engine
 from services.rollout.partial import with_partial_rollouts
 from services.rollout.servicer import RolloutServicer
 from services.rollout.throughput_log import ThroughputLog
-from services.rollout.weight_updates import Receivers, WeightUpdater, default_receivers, subscribe_loop
+from services.rollout.weight_updates import (
+    Receivers,
+    TransportReceivers,
+    WeightUpdater,
+    default_receivers,
+    staging_capacity,
+    subscribe_loop,
+)
 from services.rollout.work_loop import WorkLoop, WorkSettings
 
 log = logging.getLogger("services.rollout")
@@ -85,8 +95,10 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
     ws_channel = channel(cfg.endpoints.weight_sync, args.token)
     buffer_channel = channel(cfg.endpoints.buffer, args.token)
     ws_stub = weight_sync_pb2_grpc.WeightSyncStub(ws_channel)
+    if receivers is default_receivers and cfg.weight_sync.transport != "bucketed":
+        receivers = transport_receivers(cfg, engine, replica_id, ws_channel)
     updater = WeightUpdater(engine, replica_id, args.token, cfg.weight_sync.update_timeout, receivers=receivers,
-                            ack=lambda r: ws_stub.Ack(r, timeout=30.0))
+                            ack=lambda r: ws_stub.Ack(r, timeout=30.0), pause_mode=cfg.weight_sync.pause_mode)
     ctx = ServiceContext(replica_id, engine, tokenizer, sampling_from_config(cfg.rollout.sampling), plugins.reward_fn,
                          run_seed=cfg.run.seed)
     settings = WorkSettings(replica_id=replica_id, run_id=cfg.run.name, claim_groups=cfg.rollout.claim_groups)
@@ -139,3 +151,14 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
         log.info("terminated by SIGTERM; unfinished groups are re-queued by the buffer when their lease expires")
         return 143
     return 0 if finished else 1
+
+
+def transport_receivers(cfg: Config, engine: Engine, replica_id: str, ws_channel: grpc.Channel) -> TransportReceivers:
+    """The data planes this replica may be sent weights by (all available ones when the trainer chooses: auto)."""
+    transport = cfg.weight_sync.transport
+    wanted: tuple[str, ...] = (transport,)
+    if transport == "auto":
+        wanted = ("broadcast", "disk_delta") + (("nixl",) if importlib.util.find_spec("nixl") else ())
+    capacity = staging_capacity(engine, int(cfg.weight_sync.bucket_mb * 2**20)) if "nixl" in wanted else 0
+    return TransportReceivers(engine, replica_id, ws_channel, wanted, capacity_bytes=capacity,
+                              device=cfg.rollout.device, join_seconds=cfg.weight_sync.join_seconds)

@@ -133,7 +133,9 @@ class Trainer:
         ws = WeightSyncClient(cfg.endpoints.weight_sync, self.token)
         evaluator = Evaluator(cfg, self.token) if cfg.eval.data_source else None
         return Leader(state=state, server=server, buffer=BufferClient(cfg.endpoints.buffer, self.token),
-                      weight_sync=ws, publisher=WeightPublisher(cfg, self.token, ws), evaluator=evaluator,
+                      weight_sync=ws, publisher=WeightPublisher(cfg, self.token, ws, model_bytes=_model_bytes(cfg),
+                                                                   device=self.device),
+                      evaluator=evaluator,
                       jsonl=JsonlLog(self.run_dir / "metrics" / "trainer.jsonl"), prom=prom)
 
     def _resume(self, backend: Any) -> int:
@@ -270,3 +272,8 @@ class Trainer:
                    "replicas_current": bool(verify.all_current)}
         write_text_atomic(Path(self.run_dir) / "trainer_done.json", json.dumps(summary, indent=1, default=float))
         return summary
+
+
+def _model_bytes(cfg: Config) -> int:
+    """Size of the model's safetensors files: what `weight_sync.transport: auto` chooses a transport for."""
+    return sum(f.stat().st_size for f in Path(cfg.model_path).glob("*.safetensors"))

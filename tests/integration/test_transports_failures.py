@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,6 +77,7 @@ class ControlPlane:
 
 
 def _dying(named: list[tuple[str, torch.Tensor]], after: int) -> Iterator[tuple[str, torch.Tensor]]:
+    time.sleep(5.0)                                # let the replica finish joining (the store dies with this process)
     for i, item in enumerate(named):
         if i == after:
             os._exit(3)                            # the trainer dies mid-transfer, between two buckets

@@ -59,9 +59,9 @@ def _cfg(**trainer: object) -> Config:
 
 def test_groups_must_split_over_ranks_and_minibatches() -> None:
     validate(_cfg(world_size=2, groups_per_step=8, minibatches=2), 2)
-    with pytest.raises(ConfigError, match="divisible by world_size"):
+    with pytest.raises(ConfigError, match="divisible by data-parallel ranks"):
         validate(_cfg(world_size=2, groups_per_step=3), 2)
-    with pytest.raises(ConfigError, match="divisible by world_size"):
+    with pytest.raises(ConfigError, match="divisible by data-parallel ranks"):
         validate(_cfg(world_size=2, groups_per_step=4, minibatches=4), 2)
     with pytest.raises(ConfigError, match="WORLD_SIZE"):
         validate(_cfg(world_size=2, groups_per_step=4), 1)
