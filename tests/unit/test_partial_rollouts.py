@@ -54,11 +54,14 @@ def _wait_tokens(engine: TorchEngine, n: int) -> None:
 def test_continue_in_place_records_the_version_of_every_token(model_dir: Path) -> None:
     engine = _engine(model_dir)
     try:
+        new = _new_weights(engine)                      # prepared first: the update must land mid-sequence
         engine.pause()
         future = engine.submit(PROMPT, LONG)
         engine.resume()
         _wait_tokens(engine, 3)
-        engine.update_weights_from_tensor(_new_weights(engine), version=1)
+        engine.pause()                                  # hold the sequence between two decode steps
+        engine.update_weights_from_tensor(new, version=1)
+        engine.resume()
         gen = future.result(timeout=60)
     finally:
         engine.shutdown()
@@ -93,8 +96,10 @@ def test_abort_frees_slots_and_kv_rows(model_dir: Path) -> None:
     try:
         futures = [engine.submit([1, 4 + i, 5], LONG) for i in range(6)]
         _wait_tokens(engine, 12)
+        engine.pause()                                  # hold every sequence between two decode steps
         assert engine.kv_tokens() > 0
         assert engine.abort(futures[::2]) == 3
+        engine.resume()
         kept = [f.result(timeout=60) for f in futures[1::2]]
         aborted = [f.result(timeout=1) for f in futures[::2]]
         deadline = time.monotonic() + 5
@@ -133,9 +138,12 @@ def test_token_versions_reach_the_train_batch_and_its_metrics(model_dir: Path) -
         consumer.start()                                    # submits both requests; the engine is paused
         while engine.stats().waiting < 2:
             time.sleep(0.001)
+        new = _new_weights(engine)
         engine.resume()
         _wait_tokens(engine, 4)
-        engine.update_weights_from_tensor(_new_weights(engine), version=1)
+        engine.pause()                                  # hold both sequences between two decode steps
+        engine.update_weights_from_tensor(new, version=1)
+        engine.resume()
         consumer.join(timeout=60)
     finally:
         engine.shutdown()
