@@ -17,13 +17,12 @@ from collections.abc import Callable
 import torch
 
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
-from services.weight_sync.manifest import check_manifest_digest
 from services.weight_sync.transports.broadcast_wire import CLOSE, HEADER_LEN, parse
 from services.weight_sync.transports.bucketed_receiver import fetch as fetch_bucketed
 from services.weight_sync.transports.bucketed_receiver import unpack
 from services.weight_sync.transports.errors import WeightTransferError
 from services.weight_sync.transports.group import PEER_ID, TRANSPORT, Group, broadcast, join
-from services.weight_sync.transports.layout import LayoutError, layout_of
+from services.weight_sync.transports.layout import checked_layout
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +115,7 @@ class BroadcastReceiver:
               replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
         """The version's tensors, checked against the manifest; WeightTransferError if it did not arrive whole."""
         version = manifest.version
-        if manifest.transport != TRANSPORT:
-            raise WeightTransferError(version, f"manifest transport is '{manifest.transport}', not '{TRANSPORT}'")
-        problem = check_manifest_digest(manifest)
-        if problem:
-            raise WeightTransferError(version, problem)
-        try:
-            layout = layout_of(manifest)
-        except LayoutError as exc:
-            raise WeightTransferError(version, f"bad manifest: {exc}") from None
+        layout = checked_layout(manifest, TRANSPORT)
         deadline = time.monotonic() + timeout
         with self._cond:
             self._cond.wait_for(lambda: self.member or bool(self.dead), max(0.0, deadline - time.monotonic()))

@@ -10,9 +10,9 @@ import torch
 
 from rlfleet.rpc import channel
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
-from services.weight_sync.manifest import DTYPES, buffer_xxh64, check_manifest_digest, manifest_digest
+from services.weight_sync.manifest import DTYPES, buffer_xxh64, manifest_digest
 from services.weight_sync.transports.errors import WeightTransferError
-from services.weight_sync.transports.layout import Layout, LayoutError, layout_of
+from services.weight_sync.transports.layout import Layout, checked_layout
 
 TRANSPORT = "bucketed"
 _EMPTY_XXH64 = buffer_xxh64(b"")
@@ -109,15 +109,7 @@ def fetch(manifest: weights_pb2.WeightManifest, token: str | None, timeout: floa
     The returned tensors are CPU views into one buffer holding the whole version.
     """
     version = manifest.version
-    if manifest.transport != TRANSPORT:
-        raise WeightTransferError(version, f"manifest transport is '{manifest.transport}', not '{TRANSPORT}'")
-    problem = check_manifest_digest(manifest)
-    if problem:
-        raise WeightTransferError(version, problem)
-    try:
-        layout = layout_of(manifest)
-    except LayoutError as exc:
-        raise WeightTransferError(version, f"bad manifest: {exc}") from None
+    layout = checked_layout(manifest, TRANSPORT)
     with channel(manifest.endpoint, token) as ch:
         stub = weight_sync_pb2_grpc.WeightStreamStub(ch)
         request = weight_sync_pb2.FetchRequest(version=version, replica_id=replica_id)

@@ -138,3 +138,20 @@ def layout_of(manifest: weights_pb2.WeightManifest) -> Layout:
         raise LayoutError(f"manifest declares {nb} buckets but bucket {ends.index(0)} holds no tensor")
     sizes = tuple(_round_up(end) for end in ends)
     return Layout(bb, sizes, _starts(sizes), tuple(placements))
+
+
+def checked_layout(manifest: weights_pb2.WeightManifest, transport: str) -> Layout:
+    """The manifest's bucket layout, after checking its transport and digest: what every receiver does first."""
+    from services.weight_sync.manifest import check_manifest_digest
+    from services.weight_sync.transports.errors import WeightTransferError
+
+    version = manifest.version
+    if manifest.transport != transport:
+        raise WeightTransferError(version, f"manifest transport is '{manifest.transport}', not '{transport}'")
+    problem = check_manifest_digest(manifest)
+    if problem:
+        raise WeightTransferError(version, problem)
+    try:
+        return layout_of(manifest)
+    except LayoutError as exc:
+        raise WeightTransferError(version, f"bad manifest: {exc}") from None

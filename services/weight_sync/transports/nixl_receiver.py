@@ -18,10 +18,9 @@ from collections.abc import Callable
 import torch
 
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
-from services.weight_sync.manifest import check_manifest_digest
 from services.weight_sync.transports.bucketed_receiver import unpack
 from services.weight_sync.transports.errors import WeightTransferError
-from services.weight_sync.transports.layout import LayoutError, layout_of
+from services.weight_sync.transports.layout import checked_layout
 from services.weight_sync.transports.nixl_agent import TRANSPORT, device_id, done_message, make_agent, mem_type
 
 log = logging.getLogger(__name__)
@@ -58,15 +57,7 @@ class NixlReceiver:
     def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
               replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
         version = manifest.version
-        if manifest.transport != TRANSPORT:
-            raise WeightTransferError(version, f"manifest transport is '{manifest.transport}', not '{TRANSPORT}'")
-        problem = check_manifest_digest(manifest)
-        if problem:
-            raise WeightTransferError(version, problem)
-        try:
-            layout = layout_of(manifest)
-        except LayoutError as exc:
-            raise WeightTransferError(version, f"bad manifest: {exc}") from None
+        layout = checked_layout(manifest, TRANSPORT)
         if layout.total_bytes > self.capacity:
             raise WeightTransferError(version, f"{layout.total_bytes} bytes do not fit the {self.capacity}-byte "
                                                "staging slot this replica registered")
