@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlfleet.config import dump_config, load_config  # noqa: E402
-from rlfleet.launcher import LocalRun, resolve  # noqa: E402
+from rlfleet.launcher import LocalRun, resolve, with_endpoints  # noqa: E402
 from rlfleet.rpc import channel, read_token  # noqa: E402
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 
@@ -43,7 +43,7 @@ def measure(replicas: int, model: Path, work: Path, seconds: float, warmup: floa
         "rollout.max_batch_size": 128, "rollout.sampling": {"temperature": 1.0, "max_new_tokens": 16},
         "buffer.max_staleness": 1_000_000, "buffer.capacity": 10_000_000, "buffer.fsync": "no",
         "trainer.steps": 1_000_000, "trainer.groups_per_step": 16})
-    resolved = resolve(cfg, fresh=True, resume=False)
+    resolved = with_endpoints(resolve(cfg, fresh=True, resume=False))
     path = resolved.run_dir / "config.resolved.yaml"
     dump_config(resolved, path)
     local = LocalRun(resolved, path)

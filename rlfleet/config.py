@@ -63,6 +63,9 @@ class BufferConfig(_Section):
     filters: list[str] = []                 # dotted paths to SampleFilters, or built-in names
     min_valid_per_group: int = Field(2, ge=1)
     fsync: Literal["always", "everysec", "no"] = "everysec"
+    # issue up to ceil(over_sample * trainer.groups_per_step) groups per step (DAPO over-sampling); when a step's
+    # batch is full, groups in flight that the staleness bound no longer lets feed a step are cancelled
+    over_sample: float = Field(1.0, ge=1.0, le=16.0)
 
 
 class TisConfig(_Section):

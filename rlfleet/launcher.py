@@ -44,7 +44,7 @@ class RunResult:
 
 
 def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
-    """Prepare the run folder, the token and free loopback endpoints; return the config the services read."""
+    """Prepare the run folder and the token; `with_endpoints` adds the loopback endpoints the services read."""
     run_dir = cfg.run_dir
     has_state = any((run_dir / d).exists() for d in ("buffer", "checkpoints"))
     if has_state and not (fresh or resume or cfg.run.resume):
@@ -56,14 +56,6 @@ def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
         for f in STATE_FILES:
             (run_dir / f).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    n_rollout = cfg.rollout.replicas
-    ports = free_ports(5 + n_rollout)
-    host = "127.0.0.1"
-    endpoints = {
-        "buffer": f"{host}:{ports[0]}", "weight_sync": f"{host}:{ports[1]}", "trainer": f"{host}:{ports[2]}",
-        "trainer_data": f"{host}:{ports[3]}", "rendezvous": f"{host}:{ports[4]}",
-        "rollout": [f"{host}:{p}" for p in ports[5:]],
-    }
     security = cfg.security.model_dump()
     if cfg.security.mode == "token" and not cfg.security.token_file:
         token_file = run_dir / "run.token"
@@ -71,11 +63,24 @@ def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
         token_file.chmod(0o600)
         security["token_file"] = str(token_file.resolve())
     data = cfg.model_dump(mode="json")
-    data["endpoints"] = endpoints
     data["security"] = security
     data["run"]["resume"] = bool(resume or cfg.run.resume)
     data["run"]["dir"] = str(run_dir.resolve())
     data["model"]["path"] = str(cfg.model_path.resolve())
+    return Config.model_validate(data)
+
+
+def with_endpoints(cfg: Config) -> Config:
+    """`cfg` with free loopback endpoints, chosen just before the services start (a port chosen minutes earlier,
+    e.g. before a long model.prepare, may have been taken by then)."""
+    ports = free_ports(5 + cfg.rollout.replicas)
+    host = "127.0.0.1"
+    data = cfg.model_dump(mode="json")
+    data["endpoints"] = {
+        "buffer": f"{host}:{ports[0]}", "weight_sync": f"{host}:{ports[1]}", "trainer": f"{host}:{ports[2]}",
+        "trainer_data": f"{host}:{ports[3]}", "rendezvous": f"{host}:{ports[4]}",
+        "rollout": [f"{host}:{p}" for p in ports[5:]],
+    }
     return Config.model_validate(data)
 
 
@@ -109,6 +114,7 @@ class LocalRun:
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p)
         self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.env.setdefault("HF_HUB_OFFLINE", "1")        # model.path is a local folder: never wait on a hub
 
     def _start(self, name: str, module: str, extra: list[str], env: dict[str, str] | None = None) -> Child:
         args = ["-m", module, "--config", str(self.config_path), *extra]
@@ -159,12 +165,34 @@ class LocalRun:
         for addr in addresses:
             while True:
                 self._check_children()
+                if self._finished(addr):
+                    break                   # a short run can end before the launcher gets to ask
                 try:
                     wait_healthy(addr, timeout=2.0)
                     break
                 except TimeoutError:
                     if time.monotonic() > deadline:
-                        raise RunError(f"service at {addr} did not become healthy in {timeout:.0f}s") from None
+                        raise RunError(self._not_healthy(addr, timeout)) from None
+
+    def _finished(self, addr: str) -> bool:
+        """Every process serving `addr` already exited 0 (e.g. a trainer that finished its steps)."""
+        names = self._names_at(addr)
+        done = [c for c in self.children if c.name in names and c.returncode == 0]
+        return bool(names) and len(done) == len(names)
+
+    def _not_healthy(self, addr: str, timeout: float) -> str:
+        """The error for a service that never answered health checks: which one, and the end of its log."""
+        names = self._names_at(addr)
+        tails = "".join(f"\nlast lines of {c.log_path}:\n{c.tail()}" for c in self.children if c.name in names)
+        return f"{' / '.join(names) or 'service'} at {addr} did not become healthy in {timeout:.0f}s{tails}"
+
+    def _names_at(self, addr: str) -> list[str]:
+        e = self.cfg.endpoints
+        if addr == e.trainer:
+            return ["trainer-0"]
+        if addr in e.rollout:
+            return [f"rollout-{e.rollout.index(addr)}"]
+        return [n for n in ("buffer", "weight_sync") if getattr(e, n) == addr]
 
     def _check_children(self, trainer_done: bool = False) -> None:
         for child in list(self.children):
@@ -203,6 +231,7 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
     check_plugins(cfg)
     resolved = resolve(cfg, fresh=fresh, resume=resume)
     prepare_model(resolved)
+    resolved = with_endpoints(resolved)
     config_path = resolved.run_dir / "config.resolved.yaml"
     dump_config(resolved, config_path)
     local = LocalRun(resolved, config_path)

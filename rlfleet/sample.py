@@ -23,18 +23,30 @@ class SampleError(ValueError):
     """A sample whose fields disagree (lengths, NaN reward, unknown status)."""
 
 
+FREE_ROUTE = -1      # RoutedExperts.ids row of a position that routes freely (no recorded route)
+
+
 @dataclass
 class RoutedExperts:
-    """Top-k expert ids per response token and MoE layer. ids: [T, num_layers, top_k]."""
+    """Top-k expert ids per response token and MoE layer. ids: [T, num_layers, top_k].
+
+    A row of FREE_ROUTE (-1) marks a position the engine did not record (a TITO session's tool tokens): the
+    trainer lets the router choose there. On the wire such rows are 0s flagged in free_rows.
+    """
 
     ids: np.ndarray
 
     def to_proto(self) -> sample_pb2.RoutedExperts:
         t, layers, k = self.ids.shape
-        bits = 8 if int(self.ids.max(initial=0)) < 256 else 16
+        free = (self.ids < 0).all(axis=(1, 2)) if t else np.zeros(0, dtype=bool)       # [T]
+        if (self.ids[~free] < 0).any():
+            raise SampleError("routed_experts rows must be all expert ids or all FREE_ROUTE")
+        ids = np.where(free[:, None, None], 0, self.ids)
+        bits = 8 if int(ids.max(initial=0)) < 256 else 16
         dtype = np.uint8 if bits == 8 else np.dtype("<u2")
         return sample_pb2.RoutedExperts(num_layers=layers, top_k=k, bits=bits,
-                                        ids=np.ascontiguousarray(self.ids, dtype=dtype).tobytes())
+                                        ids=np.ascontiguousarray(ids, dtype=dtype).tobytes(),
+                                        free_rows=pack_u8(free.astype(np.uint8)) if free.any() else b"")
 
     @classmethod
     def from_proto(cls, msg: sample_pb2.RoutedExperts) -> RoutedExperts:
@@ -43,7 +55,13 @@ class RoutedExperts:
         per_token = msg.num_layers * msg.top_k
         if per_token == 0 or flat.size % per_token:
             raise SampleError(f"routed_experts has {flat.size} ids, not a multiple of layers*top_k={per_token}")
-        return cls(ids=flat.reshape(-1, msg.num_layers, msg.top_k).astype(np.int64))
+        ids = flat.reshape(-1, msg.num_layers, msg.top_k).astype(np.int64)
+        if msg.free_rows:
+            free = unpack_u8(msg.free_rows).astype(bool)
+            if free.size != len(ids):
+                raise SampleError(f"routed_experts.free_rows has {free.size} entries for {len(ids)} rows")
+            ids[free] = FREE_ROUTE
+        return cls(ids=ids)
 
 
 @dataclass
@@ -161,3 +179,5 @@ def validate_message(msg: sample_pb2.Sample) -> None:
             raise SampleError(f"routed_experts.bits is {re.bits}, not 8 or 16")
         if len(re.ids) != tokens * re.num_layers * re.top_k * width:
             raise SampleError("routed_experts size disagrees with response length")
+        if re.free_rows and len(re.free_rows) != tokens:
+            raise SampleError("routed_experts.free_rows disagrees with response length")

@@ -34,14 +34,16 @@ class GroupTicket(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., group_size: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class ClaimReply(_message.Message):
-    __slots__ = ("tickets", "finished", "reason")
+    __slots__ = ("tickets", "finished", "reason", "cancelled")
     TICKETS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     tickets: _containers.RepeatedCompositeFieldContainer[GroupTicket]
     finished: bool
     reason: str
-    def __init__(self, tickets: _Optional[_Iterable[_Union[GroupTicket, _Mapping]]] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    cancelled: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tickets: _Optional[_Iterable[_Union[GroupTicket, _Mapping]]] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ..., cancelled: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("samples", "wait_seconds")
@@ -52,12 +54,14 @@ class PutRequest(_message.Message):
     def __init__(self, samples: _Optional[_Iterable[_Union[_sample_pb2.Sample, _Mapping]]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class PutReply(_message.Message):
-    __slots__ = ("accepted", "duplicates")
+    __slots__ = ("accepted", "duplicates", "cancelled")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     duplicates: int
-    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+    cancelled: int
+    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
     __slots__ = ("step", "num_groups", "policy_version", "wait_seconds", "consumer")
@@ -106,7 +110,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BufferStats(_message.Message):
-    __slots__ = ("stored_samples", "ready_groups", "partial_groups", "tickets_in_flight", "delivered_unacked", "acked_samples", "dropped", "capacity", "put_samples", "policy_version", "next_prompt_index", "finished")
+    __slots__ = ("stored_samples", "ready_groups", "partial_groups", "tickets_in_flight", "delivered_unacked", "acked_samples", "dropped", "capacity", "put_samples", "policy_version", "next_prompt_index", "finished", "cancelled_groups")
     class DroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +130,7 @@ class BufferStats(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     NEXT_PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     stored_samples: int
     ready_groups: int
     partial_groups: int
@@ -138,4 +143,5 @@ class BufferStats(_message.Message):
     policy_version: int
     next_prompt_index: int
     finished: bool
-    def __init__(self, stored_samples: _Optional[int] = ..., ready_groups: _Optional[int] = ..., partial_groups: _Optional[int] = ..., tickets_in_flight: _Optional[int] = ..., delivered_unacked: _Optional[int] = ..., acked_samples: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., capacity: _Optional[int] = ..., put_samples: _Optional[int] = ..., policy_version: _Optional[int] = ..., next_prompt_index: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+    cancelled_groups: int
+    def __init__(self, stored_samples: _Optional[int] = ..., ready_groups: _Optional[int] = ..., partial_groups: _Optional[int] = ..., tickets_in_flight: _Optional[int] = ..., delivered_unacked: _Optional[int] = ..., acked_samples: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., capacity: _Optional[int] = ..., put_samples: _Optional[int] = ..., policy_version: _Optional[int] = ..., next_prompt_index: _Optional[int] = ..., finished: _Optional[bool] = ..., cancelled_groups: _Optional[int] = ...) -> None: ...

@@ -21,16 +21,18 @@ SAMPLE_STATUS_ABORTED: SampleStatus
 SAMPLE_STATUS_FAILED: SampleStatus
 
 class RoutedExperts(_message.Message):
-    __slots__ = ("num_layers", "top_k", "bits", "ids")
+    __slots__ = ("num_layers", "top_k", "bits", "ids", "free_rows")
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BITS_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
+    FREE_ROWS_FIELD_NUMBER: _ClassVar[int]
     num_layers: int
     top_k: int
     bits: int
     ids: bytes
-    def __init__(self, num_layers: _Optional[int] = ..., top_k: _Optional[int] = ..., bits: _Optional[int] = ..., ids: _Optional[bytes] = ...) -> None: ...
+    free_rows: bytes
+    def __init__(self, num_layers: _Optional[int] = ..., top_k: _Optional[int] = ..., bits: _Optional[int] = ..., ids: _Optional[bytes] = ..., free_rows: _Optional[bytes] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("run_id", "group_id", "index", "group_size", "prompt_index", "prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "reward", "reward_parts", "status", "status_reason", "weight_version", "token_versions", "routed_experts", "metadata", "replica_id", "teacher_logprobs")

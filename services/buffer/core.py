@@ -7,6 +7,12 @@ Group ids are `g<prompt_index>`, issued from the durable cursor, and an expired 
 id (samples already put for it are kept). So the committed-id set needs no storage of its own: a sample whose group
 was issued (index < cursor) but is no longer open (ready, delivered, acked or dropped) is a late or duplicate put and
 is ignored; a group never issued is refused.
+
+Over-sampling (settings.over_sample > 1, services.buffer.gate): up to ceil(over_sample * groups_per_step) groups are
+issued per step. When a step's batch is delivered, every group still in flight whose claim version is too old for the
+next step (or that no step is left for) is cancelled: its ticket ends, its samples drop as `aborted`, and the group is
+remembered for lease_seconds so Claim tells its replica (which aborts the engine requests) and its late puts are
+dropped as `aborted` too, never stored.
 """
 
 from __future__ import annotations
@@ -15,15 +21,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlfleet.metrics import BufferMetrics
 from rlfleet.sample import SampleError, validate_message
 from rlfleet.v1 import buffer_pb2, sample_pb2
 from services.buffer.errors import BufferFull, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.filters import GroupFilter
+from services.buffer.gate import Gate
 from services.buffer.grouping import close_group
-from services.buffer.mutations import AckSteps, Add, Deliver, Issue, Mutation, Policy, Stale
+from services.buffer.mutations import AckSteps, Add, Cancel, Deliver, Discard, Forget, Issue, Mutation, Policy, Stale
 from services.buffer.observe import observe
 from services.buffer.settings import BufferSettings
 from services.buffer.state import Entry, Group, State
@@ -48,6 +55,14 @@ class ClaimResult:
     tickets: list[buffer_pb2.GroupTicket]
     finished: bool
     reason: str
+    cancelled: list[str] = field(default_factory=list)    # groups of this replica the buffer no longer wants
+
+
+@dataclass(frozen=True)
+class PutResult:
+    accepted: int
+    duplicates: int
+    cancelled: int = 0           # samples of cancelled groups: not stored, counted as dropped (aborted)
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,10 @@ class BufferCore:
                  metrics: BufferMetrics | None = None, clock: Callable[[], float] = time.time) -> None:
         self.store, self.settings, self.filters = store, settings, list(filters)
         self.metrics, self.clock = metrics, clock
+        self.gate = Gate.of(settings.groups_per_step, settings.over_sample, settings.publish_every,
+                            settings.max_staleness)
         self._cond = threading.Condition()
+        self._told: set[str] = set()     # cancelled groups some Claim reply has listed (memory only: early wake-ups)
         self.state: State = store.load()
         self._reload = False
         if metrics is not None:
@@ -75,8 +93,11 @@ class BufferCore:
 
     # ---- Claim ---------------------------------------------------------------------------------------------------
     def claim(self, replica_id: str, weight_version: int, max_groups: int, wait: float,
-              restarted: bool = False) -> ClaimResult:
-        """restarted: the replica's first Claim since it started; tickets its id still holds are re-queued now."""
+              restarted: bool = False, alive: Callable[[], bool] = lambda: True) -> ClaimResult:
+        """restarted: the replica's first Claim since it started; tickets its id still holds are re-queued now.
+        max_groups 0: issue nothing, wait only for a cancellation of this replica's groups. Every reply lists the
+        replica's cancelled groups; a cancellation not yet listed ends the wait at once. alive() False (the caller
+        went away) ends the wait too."""
         end = time.monotonic() + max(0.0, wait)
         with self._cond:
             if restarted:
@@ -84,20 +105,42 @@ class BufferCore:
                 self.release_replica(replica_id)
             while True:
                 self._ensure_loaded()
+                self._forget_cancelled()
+                cancelled = self._cancelled_of(replica_id)
                 if self.finished:
-                    return ClaimResult([], True, "finished")
-                tickets, reason = self._issue(replica_id, weight_version, max(1, max_groups))
+                    return ClaimResult([], True, "finished", cancelled)
+                tickets, reason = (self._issue(replica_id, weight_version, max_groups) if max_groups > 0
+                                   else ([], "no tickets asked for"))
                 remaining = end - time.monotonic()
+                news = not self._told.issuperset(cancelled)
                 # The replica's weight version cannot change during this call: waiting on staleness only adds latency.
-                if tickets or remaining <= 0 or reason.startswith(STALENESS):
-                    return ClaimResult(tickets, False, "" if tickets else reason)
+                if (tickets or news or remaining <= 0 or reason.startswith(STALENESS) or not alive()):
+                    self._told.update(cancelled)
+                    return ClaimResult(tickets, False, "" if tickets else reason, cancelled)
                 self._cond.wait(min(remaining, self._until_next_expiry()))
+
+    def wake(self) -> None:
+        """Wake every waiting call to re-check (e.g. a caller went away)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _cancelled_of(self, replica: str) -> list[str]:
+        return [c.gid for c in self.state.cancelled.values() if c.replica == replica]
+
+    def _forget_cancelled(self) -> None:
+        now = self.clock()
+        gone = tuple(gid for gid, c in self.state.cancelled.items() if c.until <= now)
+        if gone:
+            self._commit([Forget(gone)])
+            self._told.difference_update(gone)
 
     def _issue(self, replica: str, version: int, max_groups: int) -> tuple[list[buffer_pb2.GroupTicket], str]:
         s, st, now = self.settings, self.state, self.clock()
         expired = sorted((g for g in st.open.values() if g.deadline <= now), key=lambda g: g.prompt_index)
         in_flight = len(st.open) - len(expired)
-        stored, live, cursor = st.stored_samples(), st.live_groups(), st.next_prompt_index
+        stored, cursor = st.stored_samples(), st.next_prompt_index
+        delivered = st.acked_groups + len(st.delivered)
+        pending = len(st.ready) + len(st.open)      # live groups not yet delivered (dropped ones excluded)
         muts: list[Issue] = []
         reason = ""
         while len(muts) < max_groups:
@@ -106,22 +149,22 @@ class BufferCore:
             if stored + size * in_flight + size > s.capacity:
                 reason = f"capacity: {stored} stored + {in_flight} groups in flight of {s.capacity}"
                 break
-            if requeued is None and live >= s.steps * s.groups_per_step:
+            step = self.gate.step_of(delivered, pending - 1 if requeued else pending)
+            if requeued is None and step >= s.steps:
                 reason = "every step's groups are claimed"
                 break
-            step = (live - 1 if requeued else live) // s.groups_per_step
-            need = step // s.publish_every - s.max_staleness
+            need = self.gate.version_needed(step)
             if version < need:
                 reason = f"{STALENESS}: step {step} needs weight version >= {need}, replica has {version}"
                 if requeued is not None:
                     expired.insert(0, requeued)
                 break
             if requeued is not None:
-                muts.append(Issue(requeued.gid, requeued.prompt_index, size, now + s.lease_seconds, replica))
+                muts.append(Issue(requeued.gid, requeued.prompt_index, size, now + s.lease_seconds, replica, version))
             else:
-                muts.append(Issue(group_id(cursor), cursor, size, now + s.lease_seconds, replica))
+                muts.append(Issue(group_id(cursor), cursor, size, now + s.lease_seconds, replica, version))
                 cursor += 1
-                live += 1
+                pending += 1
             in_flight += 1
         if muts:
             self._commit(list(muts))
@@ -139,7 +182,7 @@ class BufferCore:
             held = sorted((g for g in self.state.open.values() if g.replica == replica_id and g.deadline > now),
                           key=lambda g: g.prompt_index)
             if held:
-                self._commit([Issue(g.gid, g.prompt_index, g.group_size, now, g.replica) for g in held])
+                self._commit([Issue(g.gid, g.prompt_index, g.group_size, now, g.replica, g.version) for g in held])
                 log.info("replica %s restarted: %d groups re-queued (%s)", replica_id, len(held),
                          ", ".join(g.gid for g in held[:8]))
             return len(held)
@@ -150,19 +193,26 @@ class BufferCore:
         return max(0.01, min(future) - now) if future else 3600.0   # expired ones wait for a state change
 
     # ---- Put -----------------------------------------------------------------------------------------------------
-    def put(self, samples: Sequence[sample_pb2.Sample], wait: float) -> tuple[int, int]:
-        """Store samples durably; returns (accepted, duplicates). Malformed input refuses the whole call."""
-        raws = [self._check(m) for m in samples]
+    def put(self, samples: Sequence[sample_pb2.Sample], wait: float) -> PutResult:
+        """Store samples durably. Malformed input refuses the whole call. Samples of a cancelled group are not stored:
+        counted as dropped (aborted), once per index."""
+        pairs = [(m, self._check(m)) for m in samples]
         end = time.monotonic() + max(0.0, wait)
+        dropped = settled = 0               # samples of cancelled groups: counted as aborted / already counted
         with self._cond:
             while True:
                 self._ensure_loaded()
-                fresh, dups = self._classify(samples, raws)
+                pairs, discards, repeats = self._split_cancelled(pairs)   # a group may be cancelled while we wait
+                if discards:
+                    self._commit(list(discards))
+                dropped += sum(len(d.indices) for d in discards)
+                settled += repeats
+                fresh, dups = self._classify(pairs)
                 if not fresh:
-                    return 0, dups
+                    return PutResult(0, dups + settled, dropped)
                 if self.state.stored_samples() < self.settings.capacity:
                     self._commit(self._put_mutations(fresh))
-                    return len(fresh), dups
+                    return PutResult(len(fresh), dups + settled, dropped)
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     raise BufferFull(f"buffer holds {self.state.stored_samples()} samples of capacity "
@@ -180,10 +230,27 @@ class BufferCore:
             raise InvalidSample(f"sample {msg.group_id}/{msg.index}: {exc}") from None
         return raw
 
-    def _classify(self, samples: Sequence[sample_pb2.Sample], raws: list[bytes]
+    def _split_cancelled(self, pairs: list[tuple[sample_pb2.Sample, bytes]]
+                         ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], list[Discard], int]:
+        """(the samples of other groups, Discards for new indices of cancelled groups, repeats of counted ones)."""
+        cancelled = self.state.cancelled
+        rest, repeats, new = [], 0, {}
+        for msg, raw in pairs:
+            c = cancelled.get(msg.group_id)
+            if c is None:
+                rest.append((msg, raw))
+                continue
+            mine = new.setdefault(msg.group_id, [])
+            if msg.index in c.counted or msg.index in mine or msg.index >= c.group_size:
+                repeats += 1
+            else:
+                mine.append(msg.index)
+        return rest, [Discard(gid, tuple(ix)) for gid, ix in new.items() if ix], repeats
+
+    def _classify(self, pairs: list[tuple[sample_pb2.Sample, bytes]]
                   ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], int]:
         st, fresh, seen, dups = self.state, [], set(), 0
-        for msg, raw in zip(samples, raws, strict=True):
+        for msg, raw in pairs:
             g = st.open.get(msg.group_id)
             if g is None:
                 p = prompt_of(msg.group_id)
@@ -239,6 +306,8 @@ class BufferCore:
                                       sum(len(g.kept) for g in stale)))
                 if len(take) == n:
                     muts.append(Deliver(step, tuple(g.gid for g in take), tuple(g.ready_seq for g in take)))
+                    if self.gate.over_samples:      # over_sample 1 issues no surplus: nothing to cancel
+                        muts.extend(self._cancellations(step, {g.gid for g in (*take, *stale)}))
                 if muts:
                     self._commit(muts)
                 if len(take) == n:
@@ -259,6 +328,25 @@ class BufferCore:
             else:
                 take.append(g)
         return stale, take
+
+    def _cancellations(self, step: int, gone: set[str]) -> list[Mutation]:
+        """Once `step` has its batch, a group in flight can feed step+1 at the earliest: cancel those whose claim
+        version the gate would refuse for step+1 (their samples would be stale). After the last step every group in
+        flight is cancelled and every ready one left over is dropped (aborted): no step can use them."""
+        nxt, until = step + 1, self.clock() + self.settings.lease_seconds
+        last = nxt >= self.settings.steps
+        need = self.gate.version_needed(nxt)
+        doomed = [g for g in self.state.open.values() if last or g.version < need]
+        if doomed:
+            log.info("step %d has its batch: %d groups in flight cancelled (%s)", step, len(doomed),
+                     ", ".join(g.gid for g in doomed[:8]))
+        out: list[Mutation] = [Cancel(g.gid, until, tuple(sorted(g.samples)), tuple(e.seq for e in g.samples.values()))
+                               for g in sorted(doomed, key=lambda g: g.prompt_index)]
+        left = [g for g in self.state.ready.values() if g.gid not in gone] if last else []   # gone: taken or stale
+        if left:
+            seqs = tuple(e.seq for g in left for e in g.entries())
+            out.append(Stale(tuple(g.gid for g in left), tuple(g.ready_seq for g in left), seqs, len(seqs), "aborted"))
+        return out
 
     def _batch(self, step: int, gids: Sequence[str], redelivered: bool) -> BatchResult:
         groups = [self.state.delivered[gid] for gid in gids]
@@ -293,7 +381,8 @@ class BufferCore:
                 tickets_in_flight=sum(1 for g in st.open.values() if g.deadline > now),
                 delivered_unacked=sum(len(g.kept) for g in st.delivered.values()), acked_samples=st.acked_samples,
                 dropped=st.dropped, capacity=self.settings.capacity, put_samples=st.put_samples,
-                policy_version=st.policy_version, next_prompt_index=st.next_prompt_index, finished=self.finished)
+                policy_version=st.policy_version, next_prompt_index=st.next_prompt_index, finished=self.finished,
+                cancelled_groups=st.cancelled_groups)
 
     # ---- commit, reload, metrics ---------------------------------------------------------------------------------
     def _commit(self, muts: list[Mutation]) -> None:

@@ -19,6 +19,7 @@ class Issue:
     group_size: int
     deadline: float          # wall-clock time the lease ends
     replica: str
+    version: int = 0         # weight version the replica held when it claimed (decides a later cancellation)
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,41 @@ class Close:
 
 @dataclass(frozen=True)
 class Stale:
-    """Ready groups dropped at GetBatch because a sample is older than policy_version - max_staleness."""
+    """Ready groups dropped at GetBatch: `stale` (a sample older than policy_version - max_staleness), or `aborted`
+    (over-sampled groups left when the last step has its batch: no step can use them)."""
 
     gids: tuple[str, ...]
     ready_seqs: tuple[int, ...]
     sample_seqs: tuple[int, ...]
     samples: int
+    reason: str = "stale"
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """An issued group no longer wanted (over-sampled, and too old for any step left): the ticket ends, the samples
+    already put leave the store (dropped as aborted), and the group is remembered until `until` so the replica is told
+    and its later puts are dropped as aborted too. `indices`: the indices counted as aborted so far."""
+
+    gid: str
+    until: float
+    indices: tuple[int, ...]
+    sample_seqs: tuple[int, ...]     # samples that leave the store (empty when replayed from a snapshot)
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Samples put for a cancelled group: never stored, counted as dropped (aborted) once per index."""
+
+    gid: str
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Cancelled groups whose `until` has passed: no longer reported; a later put of theirs is a late duplicate."""
+
+    gids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -93,10 +123,12 @@ class Counters:
     committed_step: int
     policy_version: int
     dropped: dict[str, int]
+    cancelled_groups: int = 0
 
 
-Mutation = Issue | Add | Close | Stale | Deliver | AckSteps | Policy | Counters
-_TYPES: dict[str, type] = {t.__name__: t for t in (Issue, Add, Close, Stale, Deliver, AckSteps, Policy, Counters)}
+Mutation = Issue | Add | Close | Stale | Cancel | Discard | Forget | Deliver | AckSteps | Policy | Counters
+_TYPES: dict[str, type] = {t.__name__: t for t in (Issue, Add, Close, Stale, Cancel, Discard, Forget, Deliver,
+                                                   AckSteps, Policy, Counters)}
 # Header field names per type, in declaration order ("data" travels as the payload). Every field is a str, number,
 # tuple or flat dict, so the header is built directly: dataclasses.asdict deep-copies and cost ~45 us a record.
 _HEADER_FIELDS: dict[type, tuple[str, ...]] = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlfleet.metrics import BufferMetrics
-from services.buffer.mutations import AckSteps, Add, Close, Deliver, Mutation, Stale
+from services.buffer.mutations import AckSteps, Add, Cancel, Close, Deliver, Discard, Mutation, Stale
 from services.buffer.state import State
 
 
@@ -16,7 +16,11 @@ def observe(m: BufferMetrics, state: State, muts: list[Mutation]) -> None:
             for reason, n in mut.drops.items():
                 m.dropped.labels(reason=reason).inc(n)
         elif isinstance(mut, Stale):
-            m.dropped.labels(reason="stale").inc(mut.samples)
+            m.dropped.labels(reason=mut.reason).inc(mut.samples)
+        elif isinstance(mut, Cancel):
+            m.dropped.labels(reason="aborted").inc(len(mut.sample_seqs))
+        elif isinstance(mut, Discard):
+            m.dropped.labels(reason="aborted").inc(len(mut.indices))
         elif isinstance(mut, Deliver):
             for gid in mut.gids:
                 for e in state.delivered[gid].entries():

@@ -50,15 +50,16 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
             raise  # unreachable: abort raises
 
     def Claim(self, request: buffer_pb2.ClaimRequest, context: grpc.ServicerContext) -> buffer_pb2.ClaimReply:
+        context.add_callback(self.core.wake)         # a caller that goes away ends its wait (context.is_active)
         res = self._call(context, lambda: self.core.claim(request.replica_id, request.weight_version,
                                                           request.max_groups, _wait(request.wait_seconds, context),
-                                                          restarted=request.restarted))
-        return buffer_pb2.ClaimReply(tickets=res.tickets, finished=res.finished, reason=res.reason)
+                                                          restarted=request.restarted, alive=context.is_active))
+        return buffer_pb2.ClaimReply(tickets=res.tickets, finished=res.finished, reason=res.reason,
+                                     cancelled=res.cancelled)
 
     def Put(self, request: buffer_pb2.PutRequest, context: grpc.ServicerContext) -> buffer_pb2.PutReply:
-        accepted, dups = self._call(context, lambda: self.core.put(request.samples,
-                                                                   _wait(request.wait_seconds, context)))
-        return buffer_pb2.PutReply(accepted=accepted, duplicates=dups)
+        res = self._call(context, lambda: self.core.put(request.samples, _wait(request.wait_seconds, context)))
+        return buffer_pb2.PutReply(accepted=res.accepted, duplicates=res.duplicates, cancelled=res.cancelled)
 
     def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.ServicerContext) -> bytes:
         """The encoded rlfleet.v1.Batch (see add_to_server)."""

@@ -18,6 +18,7 @@ class BufferSettings:
     publish_every: int = 1
     steps: int = 100
     max_sample_bytes: int = 64 << 20
+    over_sample: float = 1.0
 
     @classmethod
     def from_config(cls, cfg: Config, max_sample_bytes: int = 64 << 20) -> BufferSettings:
@@ -25,4 +26,4 @@ class BufferSettings:
         return cls(capacity=b.capacity, max_staleness=b.max_staleness, lease_seconds=b.lease_seconds,
                    min_valid_per_group=b.min_valid_per_group, group_size=cfg.rollout.group_size,
                    groups_per_step=t.groups_per_step, publish_every=t.publish_every, steps=t.steps,
-                   max_sample_bytes=max_sample_bytes)
+                   max_sample_bytes=max_sample_bytes, over_sample=b.over_sample)

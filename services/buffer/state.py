@@ -5,7 +5,20 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from services.buffer.mutations import AckSteps, Add, Close, Counters, Deliver, Issue, Mutation, Policy, Stale
+from services.buffer.mutations import (
+    AckSteps,
+    Add,
+    Cancel,
+    Close,
+    Counters,
+    Deliver,
+    Discard,
+    Forget,
+    Issue,
+    Mutation,
+    Policy,
+    Stale,
+)
 
 
 @dataclass
@@ -27,6 +40,7 @@ class Group:
     group_size: int
     deadline: float
     replica: str
+    version: int = 0                 # weight version of the claim that holds the ticket
     samples: dict[int, Entry] = field(default_factory=dict)
     kept: tuple[int, ...] = ()
     ready_seq: int = 0
@@ -37,6 +51,18 @@ class Group:
 
 
 @dataclass
+class Cancelled:
+    """A group cancelled in flight: remembered until `until` to tell its replica and to drop its late puts."""
+
+    gid: str
+    prompt_index: int
+    group_size: int
+    replica: str
+    until: float
+    counted: set[int] = field(default_factory=set)     # indices already counted as dropped (aborted)
+
+
+@dataclass
 class Batch:
     step: int
     gids: tuple[str, ...]
@@ -44,13 +70,14 @@ class Batch:
 
 
 class State:
-    """Open groups (ticketed, filling), ready groups (oldest first), delivered batches, counters."""
+    """Open groups (ticketed, filling), ready groups (oldest first), delivered batches, cancelled groups, counters."""
 
     def __init__(self) -> None:
         self.open: dict[str, Group] = {}
         self.ready: OrderedDict[str, Group] = OrderedDict()
         self.delivered: dict[str, Group] = {}
         self.batches: dict[int, Batch] = {}
+        self.cancelled: dict[str, Cancelled] = {}
         self.next_prompt_index = 0
         self.seq = 0
         self.put_samples = 0
@@ -59,6 +86,7 @@ class State:
         self.committed_step = -1
         self.policy_version = 0
         self.dropped: dict[str, int] = {}
+        self.cancelled_groups = 0
 
     # ---- queries -------------------------------------------------------------------------------------------------
     def stored_samples(self) -> int:
@@ -77,9 +105,9 @@ class State:
         if isinstance(m, Issue):
             g = self.open.get(m.gid)
             if g is None:
-                self.open[m.gid] = Group(m.gid, m.prompt_index, m.group_size, m.deadline, m.replica)
+                self.open[m.gid] = Group(m.gid, m.prompt_index, m.group_size, m.deadline, m.replica, m.version)
             else:
-                g.deadline, g.replica = m.deadline, m.replica
+                g.deadline, g.replica, g.version = m.deadline, m.replica, m.version
             self.next_prompt_index = max(self.next_prompt_index, m.prompt_index + 1)
         elif isinstance(m, Add):
             self.open[m.gid].samples[m.index] = Entry(m.seq, m.index, m.weight_version, m.status, m.reward, m.data)
@@ -96,7 +124,18 @@ class State:
         elif isinstance(m, Stale):
             for gid in m.gids:
                 del self.ready[gid]
-            self._count_drops({"stale": m.samples})
+            self._count_drops({m.reason: m.samples})
+        elif isinstance(m, Cancel):
+            g = self.open.pop(m.gid)
+            self.cancelled[m.gid] = Cancelled(m.gid, g.prompt_index, g.group_size, g.replica, m.until, set(m.indices))
+            self.cancelled_groups += 1
+            self._count_drops({"aborted": len(m.sample_seqs)})
+        elif isinstance(m, Discard):
+            self.cancelled[m.gid].counted.update(m.indices)
+            self._count_drops({"aborted": len(m.indices)})
+        elif isinstance(m, Forget):
+            for gid in m.gids:
+                self.cancelled.pop(gid, None)
         elif isinstance(m, Deliver):
             for gid in m.gids:
                 self.delivered[gid] = self.ready.pop(gid)
@@ -114,6 +153,7 @@ class State:
             self.next_prompt_index, self.seq = m.next_prompt_index, m.seq
             self.put_samples, self.acked_samples, self.acked_groups = m.put_samples, m.acked_samples, m.acked_groups
             self.committed_step, self.policy_version, self.dropped = m.committed_step, m.policy_version, dict(m.dropped)
+            self.cancelled_groups = m.cancelled_groups
         else:  # pragma: no cover - a new mutation type without a case here
             raise TypeError(f"unknown mutation {m!r}")
 
@@ -124,19 +164,22 @@ class State:
 
     def counters(self) -> Counters:
         return Counters(self.next_prompt_index, self.seq, self.put_samples, self.acked_samples, self.acked_groups,
-                        self.committed_step, self.policy_version, dict(self.dropped))
+                        self.committed_step, self.policy_version, dict(self.dropped), self.cancelled_groups)
 
     def snapshot(self) -> list[Mutation]:
         """Mutations that rebuild this state from empty (compaction); counters last."""
         out: list[Mutation] = []
         groups = [*self.ready.values(), *self.delivered.values(), *self.open.values()]
         for g in groups:
-            out.append(Issue(g.gid, g.prompt_index, g.group_size, g.deadline, g.replica))
+            out.append(Issue(g.gid, g.prompt_index, g.group_size, g.deadline, g.replica, g.version))
             out.extend(Add(g.gid, e.index, e.seq, e.weight_version, e.status, e.reward, e.data)
                        for e in sorted(g.samples.values(), key=lambda e: e.index))
         closed = sorted((g for g in groups if g.ready_seq), key=lambda g: g.ready_seq)
         out.extend(Close(g.gid, g.kept, g.ready_seq, {}, ()) for g in closed)
         for b in sorted(self.batches.values(), key=lambda b: b.step):
             out.append(Deliver(b.step, b.gids, b.ready_seqs))
+        for c in self.cancelled.values():
+            out.append(Issue(c.gid, c.prompt_index, c.group_size, c.until, c.replica))
+            out.append(Cancel(c.gid, c.until, tuple(sorted(c.counted)), ()))
         out.append(self.counters())
         return out

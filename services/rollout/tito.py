@@ -12,6 +12,11 @@ across a turn boundary differently). A session therefore keeps one growing token
 The suffix is computed on text, so it includes whatever the template puts between the model's last token and the
 next message (e.g. "<|im_end|>\\n" when the model stopped on a stop string, or only "\\n" when it emitted <|im_end|>).
 A template that rewrites earlier turns (trims content, drops reasoning) breaks the prefix property: TitoError.
+
+MoE routes (R3): the Sample's routes are per response token, the routes of the forward that produced it (see
+services/trainer/routing_replay.py). Each engine turn's output tokens keep the routes the engine recorded in that
+turn; environment tokens were never produced by the engine (their positions are the next turn's prompt, which the
+engine does not record), so their rows are FREE_ROUTE and the trainer's routers choose there, as for the prompt.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from rlfleet.protocols import Generation, GroupTicket
-from rlfleet.sample import Sample, Status
+from rlfleet.sample import FREE_ROUTE, RoutedExperts, Sample, Status
 from services.rollout.convert import status_of
 
 
@@ -44,6 +51,7 @@ class TitoSession:
 
     prompt_ids: [P] the first turn's template rendering. response_ids, loss_mask, logprobs, token_versions: [T] each,
     everything after the prompt (model tokens mask 1; tool / environment / user tokens mask 0, logprob 0).
+    routes: [T] entries of [layers, K] expert ids (MoE engines) or None (no route recorded: FREE in the Sample).
     """
 
     def __init__(self, tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> None:
@@ -57,6 +65,7 @@ class TitoSession:
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
         self.token_versions: list[int] = []
+        self.routes: list[np.ndarray | None] = []
         self.finish_reason = "stop"
         self.weight_version: int | None = None      # version of the first model token
         self.model_turns = 0
@@ -78,6 +87,7 @@ class TitoSession:
         self.loss_mask += [1] * len(ids)
         self.logprobs += [float(x) for x in gen.logprobs]
         self.token_versions += versions
+        self.routes += _turn_routes(gen, len(ids))
         self.finish_reason = gen.finish_reason
         if self.weight_version is None and ids:
             self.weight_version = versions[0]
@@ -105,9 +115,22 @@ class TitoSession:
         self.loss_mask += [0] * len(suffix)
         self.logprobs += [0.0] * len(suffix)
         self.token_versions += [last_version] * len(suffix)
+        self.routes += [None] * len(suffix)
         self.messages += new
         self._text = full
         return suffix
+
+    def routed_experts(self) -> RoutedExperts | None:
+        """The routes of every response position ([T, layers, K], FREE_ROUTE rows where none was recorded); None when
+        no engine turn carried routes (a dense model)."""
+        known = [r for r in self.routes if r is not None]
+        if not known:
+            return None
+        shapes = {r.shape for r in known}
+        if len(shapes) > 1:
+            raise ValueError(f"engine turns returned routes of different [layers, K] shapes: {sorted(shapes)}")
+        free = np.full(known[0].shape, FREE_ROUTE, dtype=np.int64)
+        return RoutedExperts(ids=np.stack([free if r is None else r.astype(np.int64) for r in self.routes]))
 
     def to_sample(self, ticket: GroupTicket, index: int, replica_id: str = "") -> Sample:
         """The conversation as one Sample: prompt ids, the concatenated response and its loss mask."""
@@ -118,5 +141,16 @@ class TitoSession:
                       status=status_of(self.finish_reason) if self.model_turns else Status.FAILED,
                       weight_version=self.weight_version or 0,
                       token_versions=list(versions) if len(set(versions)) > 1 else None,
+                      routed_experts=self.routed_experts(),
                       prompt_index=ticket.prompt_index, replica_id=replica_id,
                       metadata={"turns": str(self.model_turns)})
+
+
+def _turn_routes(gen: Generation, n_tokens: int) -> list[np.ndarray | None]:
+    """One engine turn's routes per output token: [layers, K] each, or None per token when the engine recorded none."""
+    if gen.routed_experts is None:
+        return [None] * n_tokens
+    routes = np.asarray(gen.routed_experts)
+    if len(routes) != n_tokens:
+        raise ValueError(f"the engine returned {len(routes)} routes for {n_tokens} output tokens")
+    return list(routes)

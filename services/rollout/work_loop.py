@@ -1,12 +1,16 @@
 """The replica's work loop: Claim groups from the buffer, run the rollout function per group in a worker thread,
-Put every sample the moment it is yielded (retrying until the buffer has it), stop when the run is finished."""
+Put every sample the moment it is yielded (retrying until the buffer has it), stop when the run is finished.
+
+Every Claim reply lists the replica's groups the buffer cancelled (over-sampled work no step can use): their engine
+requests are aborted at once, freeing batch slots and KV memory. With every slot busy the loop still long-polls Claim
+(max_groups 0) so a cancellation reaches it promptly; that poll is dropped the moment a slot frees."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,7 +25,7 @@ from services.rollout.engines.base import Engine
 log = logging.getLogger(__name__)
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
-ACCEPTED, DUPLICATE, REFUSED, STOPPED = "accepted", "duplicate", "refused", "stopped"
+ACCEPTED, DUPLICATE, CANCELLED, REFUSED, STOPPED = "accepted", "duplicate", "cancelled", "refused", "stopped"
 
 
 @dataclass(frozen=True)
@@ -41,18 +45,21 @@ class SamplePutter:
         self._stub, self._s, self._stop = stub, settings, stop
 
     def put(self, sample: Sample) -> bool:
-        return self.deliver(sample) in (ACCEPTED, DUPLICATE)
+        return self.deliver(sample) in (ACCEPTED, DUPLICATE, CANCELLED)
 
     def deliver(self, sample: Sample) -> str:
         """ACCEPTED; DUPLICATE (the buffer no longer waits for this group: complete, dropped or re-issued and done
-        elsewhere); REFUSED; or STOPPED (stop was set while retrying)."""
+        elsewhere); CANCELLED (the buffer cancelled the group: dropped, counted as aborted); REFUSED; or STOPPED (stop
+        was set while retrying)."""
         msg = sample.to_proto()
         backoff = 0.2
         while True:
             try:
                 reply = self._stub.Put(buffer_pb2.PutRequest(samples=[msg], wait_seconds=self._s.put_wait),
                                        timeout=self._s.put_wait + self._s.deadline_slack)
-                return DUPLICATE if reply.duplicates and not reply.accepted else ACCEPTED
+                if reply.accepted:
+                    return ACCEPTED
+                return CANCELLED if reply.cancelled else DUPLICATE if reply.duplicates else ACCEPTED
             except grpc.RpcError as exc:
                 if exc.code() not in RETRYABLE:
                     log.error("Put of sample %s refused (%s: %s); dropped", sample.sample_id, exc.code(),
@@ -91,34 +98,69 @@ class WorkLoop:
         """Serve until Claim says the run is finished (True) or stop is set (False)."""
         backoff = 0.5
         while not self._stop.is_set():
-            free = self._s.claim_groups - self.in_flight_groups
-            if free <= 0:
-                self._slot_free.wait(1.0)
-                self._slot_free.clear()
-                continue
+            free = max(0, self._s.claim_groups - self.in_flight_groups)
             try:
-                reply = self._stub.Claim(buffer_pb2.ClaimRequest(
-                    replica_id=self._s.replica_id, weight_version=self._engine.weight_version, max_groups=free,
-                    wait_seconds=self._s.claim_wait, restarted=self._restarted),
-                    timeout=self._s.claim_wait + self._s.deadline_slack)
+                reply = self._claim(free) if free else self._poll()
                 backoff = 0.5
-                self._restarted = False
             except grpc.RpcError as exc:
                 log.info("Buffer.Claim: %s; retrying in %.1fs", exc.code(), backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
+            if reply is None:                        # a slot freed during the poll
+                continue
+            self.abort_cancelled(reply.cancelled)
             if reply.finished:
                 aborted = self.abort_groups()
                 log.info("buffer says the run is finished%s",
                          f"; {aborted} engine requests of unneeded groups aborted" if aborted else "")
                 return True
-            if not reply.tickets:
+            if free and not reply.tickets:
                 log.debug("no tickets: %s", reply.reason)
                 self._stop.wait(0.05)                # the buffer already waited; do not spin if it did not
             for t in reply.tickets:
                 self._start(GroupTicket(group_id=t.group_id, prompt_index=t.prompt_index, group_size=t.group_size))
         return False
+
+    def _claim(self, max_groups: int) -> buffer_pb2.ClaimReply:
+        reply = self._stub.Claim(self._request(max_groups), timeout=self._s.claim_wait + self._s.deadline_slack)
+        self._restarted = False
+        return reply
+
+    def _poll(self) -> buffer_pb2.ClaimReply | None:
+        """Every slot is busy: wait in Claim (asking for no tickets) for a cancellation of this replica's groups, or
+        until a slot frees (then None: the poll is cancelled and the loop claims work at once)."""
+        self._slot_free.clear()
+        if self.in_flight_groups < self._s.claim_groups:
+            return None
+        timeout = self._s.claim_wait + self._s.deadline_slack
+        call = self._stub.Claim.future(self._request(0), timeout=timeout)
+        call.add_done_callback(lambda _: self._slot_free.set())
+        end = time.monotonic() + timeout + 1.0
+        while not self._slot_free.wait(0.1) and not self._stop.is_set() and time.monotonic() < end:
+            pass
+        if not call.done():
+            call.cancel()
+            return None
+        if call.cancelled():
+            return None
+        return call.result()
+
+    def _request(self, max_groups: int) -> buffer_pb2.ClaimRequest:
+        return buffer_pb2.ClaimRequest(replica_id=self._s.replica_id, weight_version=self._engine.weight_version,
+                                       max_groups=max_groups, wait_seconds=self._s.claim_wait,
+                                       restarted=self._restarted)
+
+    def abort_cancelled(self, group_ids: Sequence[str]) -> int:
+        """Abort the engine requests of the groups the buffer cancelled (those this replica still runs)."""
+        with self._lock:
+            groups = [(gid, self._groups[gid]) for gid in group_ids if gid in self._groups]
+        fresh = [(gid, g) for gid, g in groups if not g.aborted]
+        aborted = sum(g.abort() for _, g in fresh)
+        if fresh:
+            log.info("buffer cancelled %d groups in flight (%s): %d engine requests aborted", len(fresh),
+                     ", ".join(gid for gid, _ in fresh[:8]), aborted)
+        return aborted
 
     def abort_groups(self) -> int:
         """Abort the engine requests of every group in flight (over-sampled work the run no longer needs)."""

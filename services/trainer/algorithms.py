@@ -12,8 +12,10 @@
 | distill               | distill (reverse KL)   | clipped_pg  | trainer.teacher.model_path                     |
 | sft                   | sft                    | sft         |                                                |
 
-DAPO over-samples through the buffer: a group the dynamic_sampling filter drops frees its place and a
-replacement ticket is issued, so every step still gets groups_per_step informative groups.
+DAPO over-samples through the buffer: buffer.over_sample issues up to ceil(over_sample * groups_per_step) groups
+per step up front, a group the dynamic_sampling filter drops frees its place for a replacement ticket, and once the
+step's batch is full the groups still in flight that no step can use are cancelled (their engine requests aborted),
+so every step gets groups_per_step informative groups without waiting on replacements one at a time.
 trainer.kl.coef > 0 wraps the loss in a KL penalty against the reference model (k1 / k2 / k3).
 """
 

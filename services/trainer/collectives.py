@@ -1,4 +1,4 @@
-"""The few collectives the trainer needs, on the default process group: bytes broadcast, float sums."""
+"""The few collectives the trainer needs, on the default process group: bytes broadcast, float sums, int max."""
 
 from __future__ import annotations
 
@@ -33,3 +33,12 @@ def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]
     if dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.cpu().tolist()
+
+
+def all_reduce_max(value: int, device: torch.device) -> int:
+    """The largest of every rank's `value` (int64 on the wire); also a barrier. World size 1: `value`."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())

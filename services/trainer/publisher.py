@@ -1,7 +1,10 @@
 """Publishing a weight version: stage it in the configured data plane, then WeightSync.Publish.
 
-Rank 0 holds a WeightPublisher. With a sharded model every trainer rank calls `publish_sharded` (rank 0 through
-its publisher, the others through `follow_publish`) so each parameter is all-gathered only when a bucket needs it.
+Rank 0 holds a WeightPublisher. With a sharded model every trainer rank takes part (rank 0 through `publish` with
+a ShardedState, the others through `follow_publish` on the same state) so each parameter is all-gathered only when
+the sender reaches it. After each pass over the state all ranks agree (all_reduce MAX of a flag rank 0 sets) on
+whether to go again: a broadcast sender that lost its group (GroupLost) has consumed every tensor but staged
+nothing, so rank 0 stages once more -- now over the gRPC fallback -- and every rank gathers once more with it.
 """
 
 from __future__ import annotations
@@ -10,15 +13,20 @@ import logging
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from rlfleet.config import Config
 from rlfleet.rpc import channel
 from rlfleet.v1 import weights_pb2
 from services.trainer.clients import WeightSyncClient
+from services.trainer.collectives import all_reduce_max
+from services.weight_sync.transports.errors import GroupLost
 from services.weight_sync.transports.sharded import ShardedState
 
 log = logging.getLogger(__name__)
+
+# What rank 0 tells every trainer rank after a pass over a ShardedState (the largest value over ranks wins).
+DONE, REDO, FAILED = 0, 1, 2
+PASSES = 2                    # the first stage, and one more after a lost broadcast group
 
 
 def _delta_root(cfg: Config) -> Path:
@@ -51,6 +59,7 @@ class WeightPublisher:
                  device: torch.device | str = "cpu", world: int = 1) -> None:
         ws = cfg.weight_sync
         self.weight_sync = weight_sync
+        self.device = torch.device(device)            # where the flag all_reduce runs (CUDA under NCCL)
         self._control = channel(cfg.endpoints.weight_sync, token) if cfg.endpoints.weight_sync else None
         self.transport = resolve_transport(cfg, model_bytes)
         self.endpoint = cfg.endpoints.trainer_data
@@ -92,10 +101,7 @@ class WeightPublisher:
 
         With a ShardedState every other trainer rank must run `follow_publish` at the same time.
         """
-        items = state if isinstance(state, ShardedState) else list(state.items())
-        manifest = self.sender.stage(version, step, items)
-        if isinstance(state, ShardedState) and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()                   # every rank's NIXL writes are done before the version is announced
+        manifest = self._stage(version, step, state)
         if not manifest.endpoint:
             manifest.endpoint = self.endpoint
         if adapter:                          # LoRA: `state` holds adapter tensors only (rank, alpha, targets)
@@ -107,6 +113,30 @@ class WeightPublisher:
                  subscribers)
         return manifest
 
+    def _stage(self, version: int, step: int,
+               state: dict[str, torch.Tensor] | ShardedState) -> weights_pb2.WeightManifest:
+        """sender.stage, once more after GroupLost. With a ShardedState each pass ends in the flag all_reduce that
+        `follow_publish` waits in: a barrier (every rank's NIXL writes are done before the version is announced)
+        and the word on whether the gathers run again."""
+        sharded = isinstance(state, ShardedState)
+        items = state if sharded else list(state.items())
+        for attempt in range(PASSES):
+            lost: GroupLost | None = None
+            try:
+                manifest = self.sender.stage(version, step, items)
+            except GroupLost as exc:              # every tensor was consumed, nothing staged
+                lost = exc
+                log.warning("%s: %s", exc, "staging it again" if attempt + 1 < PASSES else "giving up")
+            flag = DONE if lost is None else REDO if attempt + 1 < PASSES else FAILED
+            if sharded:
+                flag = all_reduce_max(flag, self.device)
+            if flag == DONE:
+                return manifest
+            if flag == FAILED:
+                assert lost is not None
+                raise lost
+        raise AssertionError("unreachable: the last pass ends DONE or FAILED")
+
     def publish_sharded(self, version: int, step: int, model: torch.nn.Module,
                         dtype: torch.dtype | None = None) -> weights_pb2.WeightManifest:
         return self.publish(version, step, ShardedState(model, dtype))
@@ -117,13 +147,19 @@ class WeightPublisher:
             self._control.close()
 
 
-def follow_publish(model: torch.nn.Module, dtype: torch.dtype | None = None, nixl_sender: object | None = None,
+def follow_publish(state: ShardedState, device: torch.device | str = "cpu", nixl_sender: object | None = None,
                    version: int = 0, step: int = 0) -> None:
-    """Ranks other than 0: take part in rank 0's publish of a ShardedState (gathers; NIXL writes of own replicas)."""
-    state = ShardedState(model, dtype)
-    if nixl_sender is not None:
-        nixl_sender.stage(version, step, state)
-    else:
-        state.drain()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+    """Ranks other than 0: take part in rank 0's publish of the same ShardedState (its gathers; NIXL writes of this
+    rank's replicas), pass after pass for as long as rank 0 says REDO. Raises GroupLost when rank 0 gave up."""
+    device = torch.device(device)
+    for _ in range(PASSES):
+        if nixl_sender is not None:
+            nixl_sender.stage(version, step, state)
+        else:
+            state.drain()
+        flag = all_reduce_max(DONE, device)
+        if flag == DONE:
+            return
+        if flag == FAILED:
+            raise GroupLost(version, "rank 0 lost the broadcast group on its last pass as well")
+    raise RuntimeError(f"weight version {version}: rank 0 asked for more than {PASSES} passes")

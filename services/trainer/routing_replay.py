@@ -72,7 +72,9 @@ def routes_tensor(samples: Sequence[Sample], seq_len: int) -> torch.Tensor | Non
     """Sample routes laid out on the prompt+response rows of a TrainBatch. -> [S, L, layers, K] int16, or None.
 
     Row s, position P_s - 1 + t holds response token t's routes (the position whose logits predict it); every
-    other position is FREE. None when no sample carries routes (a dense model, or an engine that records none).
+    other position is FREE, and so is a response token whose row is FREE_ROUTE (-1: a TITO session's tool tokens,
+    which the engine never produced). None when no sample carries routes (a dense model, or an engine that records
+    none).
     """
     shapes = {s.routed_experts.ids.shape[1:] for s in samples if s.routed_experts is not None}
     if not shapes:

@@ -36,7 +36,7 @@ from services.trainer.clients import BufferClient, WeightSyncClient
 from services.trainer.collectives import all_reduce_sum, broadcast_bytes
 from services.trainer.evaluation import Evaluator
 from services.trainer.hooks import call_hooks
-from services.trainer.publisher import WeightPublisher
+from services.trainer.publisher import WeightPublisher, follow_publish
 from services.trainer.servicer import TrainerServicer, TrainerState
 from services.trainer.step import StepContext
 
@@ -159,11 +159,17 @@ class Trainer:
     # -- pieces of a step -----------------------------------------------------------------------------------------
 
     def _publish(self, backend: Any, version: int, step: int) -> None:
-        state = backend.full_state_dict()               # collective
+        """Collective. A backend with `sharded_state` (FSDP) is gathered one parameter at a time while rank 0's
+        sender stages it, every rank iterating together; otherwise (Megatron: its HF conversion needs whole
+        tensors) rank 0 publishes the full state dict it gathered."""
+        sharded = getattr(backend, "sharded_state", None)
+        state = sharded() if sharded is not None else backend.full_state_dict()
         if self.leader:
             self.leader.publisher.publish(version, step, state, adapter=getattr(backend, "adapter_options", None))
             self.leader.prom.weight_version.set(version)
             self.leader.state.update(weight_version=version)
+        elif sharded is not None:
+            follow_publish(state, self.device, version=version, step=step)
         self.version = version
 
     def _checkpoint(self, backend: Any, step: int) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import run_rlfleet, summary
+from tests.support.runs import failure_report, run_rlfleet, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -17,7 +17,7 @@ def test_rl_raises_heldout_accuracy(tmp_path: Path, warm_model: Path, staleness:
     result = run_rlfleet(run_dir, warm_model, {"trainer.steps": 100, "trainer.groups_per_step": 16,
                                                "buffer.max_staleness": staleness, "eval.every_steps": 0,
                                                "eval.max_prompts": 500, "trainer.checkpoint_every": 50})
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, failure_report(result, run_dir)
     s = summary(run_dir)
     assert s["steps"] == 100
     assert s["eval_after"] >= s["eval_before"] + 0.03, s

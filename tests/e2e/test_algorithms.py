@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rlfleet.metrics import read_jsonl
-from tests.support.runs import run_rlfleet, summary
+from tests.support.runs import failure_report, run_rlfleet, summary
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ PUBLISHED = re.compile(r"published version (\d+) \(step \d+, \w+, (\d+) tensors,
 def _run(tmp_path: Path, warm_model: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     run_dir = tmp_path / "run"
     result = run_rlfleet(run_dir, warm_model, {**BASE, **overrides})
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, failure_report(result, run_dir)
     return {"run_dir": run_dir, **summary(run_dir)}
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import ROOT, run_rlfleet, summary
+from tests.support.runs import ROOT, failure_report, run_rlfleet, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 CONFIG = ROOT / "examples" / "calculator" / "config.yaml"
@@ -28,7 +28,7 @@ def test_calculator_example_runs(tmp_path: Path, calculator_model: Path) -> None
     run_dir = tmp_path / "run"
     result = run_rlfleet(run_dir, calculator_model, {"trainer.steps": 4, "rollout.group_size": 4},
                          config=CONFIG, timeout=1200)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, failure_report(result, run_dir)
     s = summary(run_dir)
     assert s["steps"] == 4
     assert s["buffer"]["acked_samples"] == 4 * 8 * 4

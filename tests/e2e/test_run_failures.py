@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import ROOT, rlfleet_cmd, run_rlfleet, summary
+from tests.support.runs import ROOT, failure_report, rlfleet_cmd, run_rlfleet, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -31,7 +31,7 @@ def test_reward_that_raises_is_recorded_and_run_goes_on(tmp_path: Path, warm_mod
     run_dir = tmp_path / "run"
     result = run_rlfleet(run_dir, warm_model, {"trainer.steps": 4, "eval.every_steps": 0,
                                                "rollout.reward_fn": "tests.support.flaky_reward:flaky_exact_match"})
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, failure_report(result, run_dir)
     s = summary(run_dir)
     assert s["steps"] == 4
     assert s["buffer"]["dropped"].get("failed", 0) >= 1

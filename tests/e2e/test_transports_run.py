@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import run_rlfleet
+from tests.support.runs import failure_report, run_rlfleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -20,7 +20,7 @@ def test_run_with_transport(tmp_path: Path, warm_model: Path, transport: str) ->
     run_dir = tmp_path / "run"
     result = run_rlfleet(run_dir, warm_model, {"trainer.steps": 3, "trainer.groups_per_step": 8,
                                                "eval.max_prompts": 16, "weight_sync.transport": transport})
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, failure_report(result, run_dir)
     done = json.loads((run_dir / "trainer_done.json").read_text())
     assert done["version"] == 3 and done["replicas_current"] is True
     trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlfleet.v1 import sample_pb2
-from services.buffer.core import BufferCore
+from services.buffer.core import BufferCore, PutResult
 from services.buffer.errors import BufferFull, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.filters import load_filters
 from services.buffer.settings import BufferSettings
@@ -92,7 +92,7 @@ def test_put_get_ack_roundtrip(make_core: Factory) -> None:
     core = make_core(group_size=3)
     gid = claim_one(core)
     assert gid == "g0"
-    assert core.put(group(gid, 3)[::-1], 0) == (3, 0)
+    assert core.put(group(gid, 3)[::-1], 0) == PutResult(3, 0)
     batch = core.get_batch(0, 1, 0, 0)
     assert batch.complete and not batch.redelivered and batch.group_ids == [gid]
     assert [sample_pb2.Sample.FromString(d).index for d in batch.samples] == [0, 1, 2]
@@ -106,14 +106,14 @@ def test_put_get_ack_roundtrip(make_core: Factory) -> None:
 def test_duplicates_late_puts_and_unknown_groups(make_core: Factory) -> None:
     core = make_core()
     gid = claim_one(core)
-    assert core.put([make_sample(gid, 0, 2)], 0) == (1, 0)
-    assert core.put([make_sample(gid, 0, 2), make_sample(gid, 0, 2)], 0) == (0, 2)
-    assert core.put([make_sample(gid, 1, 2), make_sample(gid, 1, 2)], 0) == (1, 1)
+    assert core.put([make_sample(gid, 0, 2)], 0) == PutResult(1, 0)
+    assert core.put([make_sample(gid, 0, 2), make_sample(gid, 0, 2)], 0) == PutResult(0, 2)
+    assert core.put([make_sample(gid, 1, 2), make_sample(gid, 1, 2)], 0) == PutResult(1, 1)
     core.get_batch(0, 1, 0, 0)
     core.ack(0)
-    assert core.put(group(gid, 2), 0) == (0, 2)          # committed: ignored
+    assert core.put(group(gid, 2), 0) == PutResult(0, 2)          # committed: ignored
     core = make_core()                                   # and still ignored after a restart
-    assert core.put(group(gid, 2), 0) == (0, 2)
+    assert core.put(group(gid, 2), 0) == PutResult(0, 2)
     assert core.stats().put_samples == 2
     with pytest.raises(UnknownGroup):
         core.put([make_sample("g99", 0, 2)], 0)
@@ -197,7 +197,7 @@ def test_lease_expiry_requeues_the_same_prompt(make_core: Factory) -> None:
     assert core.stats().tickets_in_flight == 0
     res = core.claim("live", 0, 2, 0)
     assert [(t.group_id, t.prompt_index) for t in res.tickets] == [(a, 0), (b, 1)]
-    assert core.put(group(a, 2), 0) == (1, 1)             # the dead replica's sample was kept
+    assert core.put(group(a, 2), 0) == PutResult(1, 1)             # the dead replica's sample was kept
     assert core.stats().next_prompt_index == 2
 
 
@@ -233,12 +233,12 @@ def test_put_back_pressure_waits_for_the_consumer(make_core: Factory) -> None:
     with pytest.raises(BufferFull):
         core.put([make_sample(c, 0, 2)], 0)
     order: list[str] = []
-    putter = threading.Thread(target=lambda: order.append(f"put {core.put([make_sample(c, 0, 2)], 30)}"))
+    putter = threading.Thread(target=lambda: order.append(f"put {core.put([make_sample(c, 0, 2)], 30).accepted}"))
     putter.start()
     core.get_batch(0, 1, 0, 0)
     order.append("got")
     putter.join()
-    assert order == ["got", "put (1, 0)"]
+    assert order == ["got", "put 1"]
 
 
 def test_claim_back_pressure_paces_the_producer(make_core: Factory) -> None:
@@ -330,3 +330,136 @@ def test_redis_restart_between_calls_is_noticed_and_state_reloaded(redis_server:
     cursor = core.stats().next_prompt_index              # 2 if the failed call reached Redis, else 1
     assert cursor in (1, 2) and claim_one(core) == f"g{cursor}"
     core.close()
+
+
+# ---- over-sampling and cancellation ---------------------------------------------------------------------------------
+
+def claim_all(core: BufferCore, version: int, replica: str = "r0") -> list[str]:
+    return [t.group_id for t in core.claim(replica, version, 64, 0).tickets]
+
+
+def test_over_sample_issues_more_groups_than_a_step_needs(make_core: Factory) -> None:
+    core = make_core(max_staleness=0, groups_per_step=2, over_sample=2.0)
+    assert claim_all(core, 0) == ["g0", "g1", "g2", "g3"]              # ceil(2.0 * 2) for step 0, up front
+    assert "staleness" in core.claim("r0", 0, 1, 0).reason              # the 5th would feed step 1
+    core = make_core(max_staleness=1, groups_per_step=2, over_sample=1.5)    # restarted: asynchronous, 3 a step
+    assert claim_all(core, 0) == ["g4", "g5"]                           # with g0..g3: 3 for step 0, 3 for step 1
+    assert "staleness" in core.claim("r0", 0, 1, 0).reason
+
+
+def test_full_batch_cancels_unusable_groups_in_flight(make_core: Factory) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from rlfleet.metrics import BufferMetrics
+
+    core = make_core(max_staleness=0, groups_per_step=2, over_sample=2.0, steps=3, filters=("dynamic_sampling",))
+    registry = CollectorRegistry()
+    core.metrics = BufferMetrics(registry)
+    assert claim_all(core, 0, "r0") == ["g0", "g1", "g2", "g3"] and claim_all(core, 0, "r1") == []
+    core.put(group("g0", 2), 0)
+    core.put(group("g1", 2, reward=1.0), 0)                             # all equal: filtered, its place is free
+    core.put(group("g2", 2), 0)
+    core.put([make_sample("g3", 0, 2)], 0)                              # still generating its second sample
+    assert claim_all(core, 0, "r1") == ["g4"]                           # replaces the filtered g1
+    batch = core.get_batch(0, 2, 0, 0)
+    assert batch.group_ids == ["g0", "g2"]
+    # g3 and g4 were claimed under version 0; step 1 needs version 1: both are cancelled, each replica told
+    assert core.claim("r0", 0, 0, 0).cancelled == ["g3"] and core.claim("r1", 0, 0, 0).cancelled == ["g4"]
+    s = core.stats()
+    assert (s.cancelled_groups, s.tickets_in_flight, dict(s.dropped)) == (2, 0, {"filtered": 2, "aborted": 1})
+    assert core.put(group("g3", 2), 0) == PutResult(0, 1, 1)            # the late sample: dropped, not stored
+    assert core.put(group("g4", 2), 0) == PutResult(0, 0, 2)
+    assert core.put([make_sample("g4", 1, 2)], 0) == PutResult(0, 1, 0)   # counted once per index
+    assert core.stats().stored_samples == 0 and dict(core.stats().dropped)["aborted"] == 4
+    assert registry.get_sample_value("rlfleet_buffer_dropped_samples_total", {"reason": "aborted"}) == 4
+    core = make_core(max_staleness=0, groups_per_step=2, over_sample=2.0, steps=3)   # a buffer restart keeps them
+    assert core.claim("r0", 0, 0, 0).cancelled == ["g3"]
+    assert core.put(group("g3", 2), 0) == PutResult(0, 2, 0)
+    assert (core.stats().cancelled_groups, dict(core.stats().dropped)["aborted"]) == (2, 4)
+    assert claim_all(core, 1, "r0") == ["g5", "g6", "g7", "g8"]         # step 1's share, under version 1
+
+
+def test_complete_surplus_waits_for_the_next_step_and_async_keeps_usable_groups(make_core: Factory) -> None:
+    core = make_core(max_staleness=1, groups_per_step=1, over_sample=2.0, steps=4)
+    assert claim_all(core, 0) == ["g0", "g1", "g2", "g3"]               # steps 0 and 1, two each, on version 0
+    core.put(group("g0", 2), 0)
+    core.put(group("g1", 2), 0)
+    assert core.get_batch(0, 1, 0, 0).group_ids == ["g0"]
+    assert core.stats().cancelled_groups == 0                           # g2, g3 (version 0) may still feed step 1
+    assert core.get_batch(1, 1, 1, 0).group_ids == ["g1"]               # the surplus, not stale under version 1
+    assert core.claim("r0", 0, 0, 0).cancelled == ["g2", "g3"]          # step 2 needs version 1: cancelled now
+    assert core.stats().tickets_in_flight == 0
+
+
+def test_no_group_in_flight_survives_the_last_step(make_core: Factory) -> None:
+    core = make_core(max_staleness=5, groups_per_step=1, over_sample=3.0, steps=1)
+    assert claim_all(core, 0) == ["g0", "g1", "g2"]
+    core.put(group("g1", 2), 0)
+    assert core.get_batch(0, 1, 0, 0).group_ids == ["g1"]
+    assert core.claim("r0", 0, 0, 0).cancelled == ["g0", "g2"]
+
+
+def test_a_replica_waiting_in_claim_learns_of_a_cancellation_at_once(make_core: Factory) -> None:
+    core = make_core(max_staleness=0, groups_per_step=1, over_sample=2.0)
+    assert claim_all(core, 0) == ["g0", "g1"]
+    core.put(group("g0", 2), 0)
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(core.claim("r0", 0, 0, 600)))   # every slot busy: polls
+    waiter.start()
+    time.sleep(0.2)
+    assert got == []                                                    # nothing to report yet: it waits
+    core.get_batch(0, 1, 0, 0)
+    waiter.join(60)
+    assert not waiter.is_alive() and got[0].cancelled == ["g1"] and not got[0].tickets
+
+
+def test_ledger_every_issued_group_is_delivered_or_dropped_with_a_reason(make_core: Factory) -> None:
+    """Two replicas, sync RL, over_sample 2, DAPO's filter dropping about half the groups, some groups slow."""
+    import random
+
+    rng = random.Random(7)
+    steps, gps, size = 6, 2, 2
+    core = make_core(max_staleness=0, groups_per_step=gps, over_sample=2.0, steps=steps, group_size=size,
+                     capacity=256, filters=("dynamic_sampling",))
+    delivered: list[str] = []
+    equal: set[str] = set()
+    cancelled: set[str] = set()
+    slow: list[tuple[str, int]] = []                                    # (group, the version it was claimed under)
+    for step in range(steps):
+        for _ in range(50):                                             # rollout until the step's batch is full
+            for gid, v in slow:                                         # last round's slow groups finish now
+                core.put(group(gid, size, version=v), 0)
+            slow.clear()
+            for replica in ("r0", "r1"):
+                for gid in (t.group_id for t in core.claim(replica, step, 2, 0).tickets):
+                    if rng.random() < 0.25:
+                        slow.append((gid, step))                        # put later, after its step may be over
+                        core.put([make_sample(gid, 0, size, version=step)], 0)
+                        continue
+                    flat = rng.random() < 0.5
+                    if flat:
+                        equal.add(gid)
+                    core.put(group(gid, size, reward=1.0 if flat else None, version=step), 0)
+            batch = core.get_batch(step, gps, step, 0)
+            if batch.complete:
+                break
+        assert batch.complete, f"step {step} never filled"
+        delivered += batch.group_ids
+        core.ack(step)
+        for replica in ("r0", "r1"):
+            cancelled.update(core.claim(replica, step, 0, 0).cancelled)
+    for gid, v in slow:                                                 # the last ones finish after the run
+        core.put(group(gid, size, version=v), 0)
+    s = core.stats()
+    issued = {f"g{i}" for i in range(s.next_prompt_index)}
+    filtered = equal - cancelled
+    unused = issued - set(delivered) - filtered - cancelled             # complete, never trained: stale or left over
+    assert s.finished and len(delivered) == len(set(delivered)) == steps * gps
+    assert s.ready_groups == 0 and s.tickets_in_flight == 0 and s.stored_samples == 0   # nothing left in between
+    assert set(delivered) | filtered | cancelled | unused == issued and not set(delivered) & (filtered | cancelled)
+    assert len(issued) > steps * gps and cancelled and filtered         # over-sampled, and both drops happened
+    dropped = dict(s.dropped)
+    assert set(dropped) <= {"filtered", "aborted", "stale"} and dropped["filtered"] == size * len(filtered)
+    assert dropped["aborted"] + dropped.get("stale", 0) == size * (len(cancelled) + len(unused))
+    assert dropped["aborted"] >= size * len(cancelled)                 # every sample of a cancelled group, once
+    assert s.cancelled_groups == len(cancelled) and s.acked_samples == size * steps * gps

@@ -302,6 +302,11 @@ def test_two_rank_trainer_runs_hooks_and_stops_every_rank_when_rank0_fails(tmp_p
 
     assert [e[1:] for e in peers.of("get")] == [(0, 0, GROUPS), (1, 1, GROUPS)]
     assert [(e[1], e[2]) for e in peers.of("publish")] == [(0, 0), (1, 0), (2, 1)]
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).state_dict()
+    v0 = peers.of("publish")[0][4]                     # gathered per parameter from both ranks' shards
+    assert list(v0) == list(initial) and all(torch.equal(v0[k], initial[k]) for k in initial)
     assert [(a[1], a[2][-1]) for a in peers.of("ack")] == [(0, "step_00000000"), (1, "step_00000001")]
     info = json.loads((run_dir / "checkpoints" / "step_00000001" / "meta.json").read_text())
     assert (info["step"], info["version"], info["world_size"]) == (1, 2, 2)

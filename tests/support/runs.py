@@ -30,3 +30,12 @@ def run_rlfleet(run_dir: Path, model_dir: Path, overrides: dict[str, Any], confi
 
 def summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def failure_report(result: subprocess.CompletedProcess[str], run_dir: Path, lines: int = 25) -> str:
+    """What a failed `rlfleet run` said, plus the end of every service log: enough to diagnose it from CI output."""
+    parts = [f"exit {result.returncode}; stderr:\n{result.stderr[-3000:]}"]
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.name} ---\n" + "\n".join(tail))
+    return "\n".join(parts)

@@ -131,3 +131,32 @@ def test_one_writer_per_log(tmp_path: Path) -> None:
         EmbeddedStore(tmp_path).load()
     first.close()
     EmbeddedStore(tmp_path).load()
+
+
+def test_cancelled_groups_survive_replay_and_compaction(tmp_path: Path) -> None:
+    from services.buffer.mutations import Cancel, Discard, Forget, Stale
+
+    for m in (Issue("g1", 1, 4, 12.5, "r", 3), Cancel("g1", 99.0, (0, 2), (5, 6)), Discard("g1", (1,)),
+              Forget(("g1",)), Stale(("g2",), (4,), (1, 2), 2, "aborted"), Counters(1, 2, 3, 4, 5, 6, 7, {}, 9)):
+        assert decode(*encode(m)) == m
+    store = EmbeddedStore(tmp_path, fsync="always")
+    state = store.load()
+    muts = [Issue("g0", 0, 2, 1e9, "r0", 1), Add("g0", 0, 1, 1, 1, 0.0, b"a"), Issue("g1", 1, 2, 1e9, "r1", 1),
+            Cancel("g0", 5e9, (0,), (1,)), Discard("g0", (1,))]
+    store.commit(muts, state)
+    for m in muts:
+        state.apply(m)
+    assert state.cancelled["g0"].counted == {0, 1} and state.open["g1"].version == 1
+
+    def view(s: State) -> tuple:
+        c = s.cancelled["g0"]
+        return (c.replica, c.until, c.counted, s.cancelled_groups, s.dropped, s.stored_samples(), list(s.open))
+
+    assert view(state) == ("r0", 5e9, {0, 1}, 1, {"aborted": 2}, 0, ["g1"])
+    store.close()
+    store = EmbeddedStore(tmp_path, fsync="always")
+    replayed = store.load()
+    assert view(replayed) == view(state)
+    store.compact(replayed)
+    store.close()
+    assert view(EmbeddedStore(tmp_path).load()) == view(state)

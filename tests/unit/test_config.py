@@ -55,3 +55,17 @@ def test_overrides() -> None:
 def test_grpo_needs_groups() -> None:
     with pytest.raises(ConfigError, match="group_size must be >= 2"):
         load_config(EXAMPLE, {"rollout.group_size": 1})
+
+
+def test_buffer_over_sample() -> None:
+    from services.buffer.gate import Gate
+    from services.buffer.settings import BufferSettings
+
+    assert load_config(EXAMPLE).buffer.over_sample == 1.0
+    cfg = load_config(EXAMPLE, {"buffer.over_sample": 1.5, "trainer.groups_per_step": 3})
+    settings = BufferSettings.from_config(cfg)
+    assert settings.over_sample == 1.5
+    assert Gate.of(settings.groups_per_step, settings.over_sample, 1, 0).per_step == 5      # ceil(1.5 * 3)
+    for bad in (0.5, "lots"):
+        with pytest.raises(ConfigError, match="buffer.over_sample"):
+            load_config(EXAMPLE, {"buffer.over_sample": bad})

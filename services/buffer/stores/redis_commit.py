@@ -12,7 +12,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.buffer.mutations import AckSteps, Add, Close, Deliver, Issue, Mutation, Policy, Stale
+from services.buffer.mutations import (
+    AckSteps,
+    Add,
+    Cancel,
+    Close,
+    Deliver,
+    Discard,
+    Forget,
+    Issue,
+    Mutation,
+    Policy,
+    Stale,
+)
 from services.buffer.state import State
 
 GROUP = b"trainer"
@@ -33,11 +45,13 @@ class CommitBuilder:
         self.tickets: dict[str, str] = {}
         self.gone: list[str] = []                      # sample entries that leave the store
         self.dropped: dict[str, int] = {}
+        self.cancelled: dict[str, dict[str, Any]] = {}      # cancelled-group records written by this commit
 
     def queue(self, mutations: list[Mutation]) -> None:
         st, meta = self.state, self.meta
         cursor, seq, put = st.next_prompt_index, st.seq, st.put_samples
         acked, acked_groups, committed = st.acked_samples, st.acked_groups, st.committed_step
+        cancelled_groups = st.cancelled_groups
         for m in mutations:
             if isinstance(m, Add):
                 seq = max(seq, m.seq)
@@ -47,14 +61,26 @@ class CommitBuilder:
             elif isinstance(m, Issue):
                 cursor = max(cursor, m.prompt_index + 1)
                 self.tickets[m.gid] = json.dumps({"p": m.prompt_index, "n": m.group_size, "d": m.deadline,
-                                                  "r": m.replica})
+                                                  "r": m.replica, "v": m.version})
             elif isinstance(m, Close):
                 seq = max(seq, m.seq)
                 self._close(m)
             elif isinstance(m, Stale):
                 if m.ready_seqs:
                     self.pipe.xdel(self.k["ready"], *map(sid, m.ready_seqs))
-                self._drop(m.sample_seqs, {"stale": m.samples})
+                self._drop(m.sample_seqs, {m.reason: m.samples})
+            elif isinstance(m, Cancel):
+                self._cancel(m)
+                cancelled_groups += 1
+                meta["cancelled_groups"] = cancelled_groups
+            elif isinstance(m, Discard):
+                rec = self._record(m.gid)
+                rec["i"] = sorted({*rec["i"], *m.indices})
+                self._drop((), {"aborted": len(m.indices)})
+            elif isinstance(m, Forget):
+                for gid in m.gids:
+                    self.cancelled.pop(gid, None)
+                self.pipe.hdel(self.k["cancelled"], *m.gids)
             elif isinstance(m, Deliver):
                 self.checks.append((len(self.pipe), m.ready_seqs))
                 self.pipe.xreadgroup(GROUP, CONSUMER, {self.k["ready"]: ">"}, count=len(m.ready_seqs))
@@ -81,6 +107,8 @@ class CommitBuilder:
         meta["seq"] = seq
         meta.update({f"dropped:{r}": st.dropped.get(r, 0) + n for r, n in self.dropped.items()})
         self._flush_tickets()
+        if self.cancelled:
+            self.pipe.hset(self.k["cancelled"], mapping={gid: json.dumps(rec) for gid, rec in self.cancelled.items()})
         if self.gone:
             self.pipe.xdel(self.k["samples"], *self.gone)
         self.pipe.hset(self.k["meta"], mapping=meta)
@@ -93,6 +121,22 @@ class CommitBuilder:
             self.pipe.xadd(self.k["ready"], {"g": m.gid, "k": ",".join(map(str, m.kept)), "p": g.prompt_index,
                                              "n": g.group_size}, id=sid(m.seq))
         self._drop(m.drop_seqs, m.drops)
+
+    def _cancel(self, m: Cancel) -> None:
+        g = self.state.open[m.gid]
+        self.tickets.pop(m.gid, None)
+        self.pipe.hdel(self.k["open"], m.gid)
+        self.cancelled[m.gid] = {"p": g.prompt_index, "n": g.group_size, "r": g.replica, "u": m.until,
+                                 "i": list(m.indices)}
+        self._drop(m.sample_seqs, {"aborted": len(m.sample_seqs)})
+
+    def _record(self, gid: str) -> dict[str, Any]:
+        """The cancelled-group record as this commit leaves it (from the state when this commit has not touched it)."""
+        if gid not in self.cancelled:
+            c = self.state.cancelled[gid]
+            self.cancelled[gid] = {"p": c.prompt_index, "n": c.group_size, "r": c.replica, "u": c.until,
+                                   "i": sorted(c.counted)}
+        return self.cancelled[gid]
 
     def _drop(self, seqs: tuple[int, ...], drops: dict[str, int]) -> None:
         self.gone.extend(map(sid, seqs))

@@ -8,7 +8,9 @@ Keys under PREFIX (rlfleet:<run>:buffer):
             `trainer`: GetBatch takes the oldest entries with XREADGROUP (they stay pending until the step is
             committed), Ack XACKs and XDELs them. Entries after the group's last-delivered id are the ready queue.
   batches   hash step -> JSON {gids, ready_seqs}: what each unacked step was given (exact re-delivery).
-  meta      hash: cursor, seq, counters, committed step, policy version, dropped:<reason>.
+  cancelled hash group_id -> JSON {p, n, r, u, i}: groups cancelled in flight, kept until u (their replica is told
+            and their late puts dropped); i: indices already counted as dropped (aborted).
+  meta      hash: cursor, seq, counters, committed step, policy version, dropped:<reason>, cancelled_groups.
 Each commit is one MULTI/EXEC pipeline (samples are pipelined XADDs inside it; see redis_commit), so Redis always
 holds a consistent state; after any error, or when INFO shows a new redis run_id (a restart the client reconnected
 through; asked after any new connection), the buffer reloads everything from Redis. On load, pending `ready` entries
@@ -30,7 +32,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from services.buffer.mutations import Add, Close, Counters, Deliver, Issue, Mutation
+from services.buffer.mutations import Add, Cancel, Close, Counters, Deliver, Issue, Mutation
 from services.buffer.state import State
 from services.buffer.stores import StoreError
 from services.buffer.stores.redis_commit import CONSUMER, GROUP, CommitBuilder, sid
@@ -54,7 +56,7 @@ class RedisStore:
         self._watching = client is None and not info_every_commit
         self.r = client or redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_timeout=30,
                                                 socket_connect_timeout=5, redis_connect_func=self._on_connect)
-        self.k = {name: f"{prefix}:{name}" for name in ("samples", "open", "ready", "batches", "meta")}
+        self.k = {name: f"{prefix}:{name}" for name in ("samples", "open", "ready", "batches", "cancelled", "meta")}
         self._run_id = ""
         self.orphan_idle_ms = orphan_idle_ms    # 0: the buffer is the only reader, so at start any is orphaned
 
@@ -91,16 +93,20 @@ class RedisStore:
             closes.append(Close(gid, kept, seq_of(entry_id), {}, ()))
         for gid_b, raw in self.r.hgetall(self.k["open"]).items():
             gid, t = gid_b.decode(), json.loads(raw)
-            muts.append(Issue(gid, t["p"], t["n"], t["d"], t["r"]))
+            muts.append(Issue(gid, t["p"], t["n"], t["d"], t["r"], t.get("v", 0)))
             muts.extend(by_group.pop(gid, []))
         if by_group:
             log.warning("redis store: samples of unknown groups ignored: %s", sorted(by_group)[:5])
         muts.extend(closes)
         muts.extend(Deliver(step, tuple(b["gids"]), tuple(b["ready_seqs"])) for step, b in sorted(batches.items()))
+        for gid_b, raw in self.r.hgetall(self.k["cancelled"]).items():
+            gid, c = gid_b.decode(), json.loads(raw)
+            muts += [Issue(gid, c["p"], c["n"], c["u"], c["r"]), Cancel(gid, c["u"], tuple(c["i"]), ())]
         dropped = {k.partition(":")[2]: int(v) for k, v in meta.items() if k.startswith("dropped:")}
         muts.append(Counters(int(meta.get("cursor", 0)), int(meta.get("seq", 0)), int(meta.get("put", 0)),
                              int(meta.get("acked", 0)), int(meta.get("acked_groups", 0)),
-                             int(meta.get("committed_step", -1)), int(meta.get("policy", 0)), dropped))
+                             int(meta.get("committed_step", -1)), int(meta.get("policy", 0)), dropped,
+                             int(meta.get("cancelled_groups", 0))))
         state = State()
         for m in muts:
             state.apply(m)

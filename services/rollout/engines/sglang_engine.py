@@ -12,6 +12,9 @@ An update with requests in flight pauses generation in place, loads, and continu
 finish under the new weights, and SGLang's meta_info.weight_versions records the version of each token span. The
 server runs with its radix cache off by default (SGLangServerSpec), so no prefix KV of old weights is reused; when the
 server is idle the update also flushes the cache.
+MoE models (R3): like the torch engine, a MoE model folder means routes are recorded: the request asks for them
+and the answer's are converted to the torch engine's per-token layout (sglang_routes.py); the server must run with
+--enable-return-routed-experts (SGLangServerSpec.return_routed_experts; engine_from_config sets it).
 named_weights reads what the server holds back through /get_weights_by_name (HF names, SGLang maps its stacked
 qkv / gate_up itself), so the digest the replica acknowledges is of the served weights, not of what was sent.
 """
@@ -35,6 +38,7 @@ from services.rollout.engines.base import EngineError, EngineGeneration, EngineS
 from services.rollout.engines.sglang_client import SGLangClient, SGLangError
 from services.rollout.engines.sglang_group import broadcast_tensors, new_group, run_beside
 from services.rollout.engines.sglang_protocol import generate_body, parse_generate_response
+from services.rollout.engines.sglang_routes import moe_shape
 from services.rollout.engines.sglang_server import SGLangServer, free_port
 from services.rollout.engines.sglang_weights import (
     held_specs,
@@ -68,6 +72,7 @@ class SGLangEngine:
         self.verify: Verify = verify
         self._sent: dict[str, torch.Tensor] = {}   # name -> tensor of the last successful update (verify "sent")
         self._specs = held_specs(self.model_path)
+        self.routes = moe_shape(self.model_path)    # MoE: record routes (R3), as the torch engine does; else None
         self._server = server
         self._group_host = group_host
         self._own_dir = None if work_dir else tempfile.TemporaryDirectory(prefix="rlfleet-sglang-weights-")
@@ -112,8 +117,9 @@ class SGLangEngine:
         with self._lock:
             self._started.add(rid)
         try:
-            gen = parse_generate_response(self.client.generate(generate_body(input_ids, sampling, rid)),
-                                          fallback_version=self._initial_version)
+            body = generate_body(input_ids, sampling, rid, routes=self.routes is not None)
+            gen = parse_generate_response(self.client.generate(body), fallback_version=self._initial_version,
+                                          routes=self.routes)
         except Exception as exc:  # noqa: BLE001 - the request fails, the engine does not
             self._finish(rid, future, exc=exc if isinstance(exc, EngineError) else EngineError(str(exc)))
             return

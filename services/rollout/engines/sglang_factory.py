@@ -2,7 +2,8 @@
 
 The SGLang deployment settings are not part of the run config (they are per machine), so they come from the
 environment of the rollout replica:
-  RLFLEET_SGLANG_URL          an SGLang server to use (the server loads the same model folder); unset: start one
+  RLFLEET_SGLANG_URL          an SGLang server to use (the server loads the same model folder; for a MoE model it
+                              must run with --enable-return-routed-experts); unset: start one (with it for MoE)
   RLFLEET_SGLANG_PYTHON       the python of SGLang's own venv for a local server (default .venv-sglang/bin/python)
   RLFLEET_SGLANG_PYTHONPATH   extra PYTHONPATH for a local server (on CPU: tests/support/sglang_stub, see its doc)
   RLFLEET_SGLANG_WEIGHTS      "disk" (default) or "distributed": how verified weights reach the server
@@ -19,6 +20,7 @@ from rlfleet.config import Config
 from services.rollout.engines.base import EngineError
 from services.rollout.engines.sglang_client import SGLangClient
 from services.rollout.engines.sglang_engine import SGLangEngine
+from services.rollout.engines.sglang_routes import moe_shape
 from services.rollout.engines.sglang_server import DEFAULT_PYTHON, SGLangServer, SGLangServerSpec
 
 
@@ -40,6 +42,7 @@ def engine_from_config(cfg: Config) -> SGLangEngine:
                             python=Path(os.environ.get("RLFLEET_SGLANG_PYTHON", str(DEFAULT_PYTHON))),
                             device=cfg.rollout.device.split(":")[0], dtype=cfg.model.dtype,
                             max_running_requests=cfg.rollout.max_batch_size,
+                            return_routed_experts=moe_shape(cfg.model_path) is not None,
                             pythonpath=tuple(Path(p) for p in extra.split(os.pathsep) if p))
     log_dir = cfg.run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

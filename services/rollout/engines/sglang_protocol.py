@@ -3,7 +3,7 @@
 The body follows sglang.api.v1.GenerateRequest / SamplingParams of SGLang 0.5.23 (unknown sampling keys are rejected
 there); the response follows sglang.api.v1.GenerateResponse (tests/unit/test_sglang_contract.py checks both against
 the installed package). Token ids in and out are exact (TITO): output_ids are what the engine sampled, never
-re-tokenised text.
+re-tokenised text. MoE routes (R3) are asked for and decoded as services/rollout/engines/sglang_routes.py describes.
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from rlfleet.protocols import SamplingParams
 from services.rollout.engines.base import EngineError, EngineGeneration
+from services.rollout.engines.sglang_routes import SERVER_FLAG, MoeShape, decode_routes, routes_request
 
 
 def sampling_body(sampling: SamplingParams) -> dict[str, Any]:
@@ -32,9 +35,11 @@ def sampling_body(sampling: SamplingParams) -> dict[str, Any]:
     return body
 
 
-def generate_body(input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> dict[str, Any]:
-    """One /generate request: token ids in, per-token logprobs of the output out, no text round trip."""
-    return {
+def generate_body(input_ids: Sequence[int], sampling: SamplingParams, rid: str, routes: bool = False
+                  ) -> dict[str, Any]:
+    """One /generate request: token ids in, per-token logprobs of the output out, no text round trip.
+    routes: also the MoE routes of the forwards that produce the output tokens (R3)."""
+    body = {
         "rid": rid,
         "input_ids": [int(t) for t in input_ids],
         "sampling_params": sampling_body(sampling),
@@ -43,6 +48,7 @@ def generate_body(input_ids: Sequence[int], sampling: SamplingParams, rid: str) 
         "return_text_in_logprobs": False,
         "stream": False,
     }
+    return {**body, **routes_request(len(input_ids))} if routes else body
 
 
 def _version(text: Any, fallback: int) -> int:
@@ -72,9 +78,26 @@ def token_versions(meta: dict[str, Any], n_tokens: int, fallback: int) -> tuple[
     return tuple(versions)
 
 
-def parse_generate_response(body: dict[str, Any], fallback_version: int) -> EngineGeneration:
+def _routes(meta: dict[str, Any], n_tokens: int, shape: MoeShape, finish_reason: str) -> np.ndarray | None:
+    """[T, moe_layers, K] from meta_info.routed_experts; None for no tokens, or an aborted request without them."""
+    if n_tokens == 0:
+        return None
+    encoded = meta.get("routed_experts")
+    try:
+        if not isinstance(encoded, str):
+            raise EngineError(f"SGLang answered without routed_experts for a MoE model: start the server with "
+                              f"{SERVER_FLAG}")
+        return decode_routes(encoded, n_tokens, shape)
+    except EngineError:
+        if finish_reason == "abort":
+            return None
+        raise
+
+
+def parse_generate_response(body: dict[str, Any], fallback_version: int, routes: MoeShape | None = None
+                            ) -> EngineGeneration:
     """A non-streamed /generate answer for one request -> EngineGeneration (ids from output_ids, logprobs from
-    meta_info.output_token_logprobs entries [logprob, token_id, text])."""
+    meta_info.output_token_logprobs entries [logprob, token_id, text]; routes: the MoE shape when asked for)."""
     if not isinstance(body, dict) or "meta_info" not in body:
         raise EngineError(f"SGLang /generate answered without meta_info: {str(body)[:200]}")
     meta = body["meta_info"]
@@ -87,7 +110,9 @@ def parse_generate_response(body: dict[str, Any], fallback_version: int) -> Engi
             raise EngineError(f"SGLang logprob entry {i} is for token {entry[1]}, output id is {tok}")
     logprobs = tuple(float(e[0]) if e[0] is not None else float("nan") for e in entries)
     versions = token_versions(meta, len(ids), fallback_version)
-    return EngineGeneration(output_ids=tuple(ids), logprobs=logprobs, finish_reason=_finish_reason(meta),
+    reason = _finish_reason(meta)
+    return EngineGeneration(output_ids=tuple(ids), logprobs=logprobs, finish_reason=reason,
                             weight_version=versions[0] if versions else _version(meta.get("weight_version"),
                                                                                  fallback_version),
-                            token_versions=versions)
+                            token_versions=versions,
+                            routed_experts=None if routes is None else _routes(meta, len(ids), routes, reason))

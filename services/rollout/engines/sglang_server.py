@@ -18,6 +18,7 @@ from pathlib import Path
 
 from services.rollout.engines.base import EngineError
 from services.rollout.engines.sglang_client import SGLangClient
+from services.rollout.engines.sglang_routes import SERVER_FLAG as ROUTES_FLAG
 
 DEFAULT_PYTHON = Path(".venv-sglang/bin/python")
 
@@ -40,6 +41,7 @@ class SGLangServerSpec:
     mem_fraction_static: float = 0.1
     max_running_requests: int = 64
     disable_radix_cache: bool = True           # no prefix KV reused across a weight update (see sglang_engine)
+    return_routed_experts: bool = False        # MoE routes for R3 (sglang_routes.py): set for a MoE model
     pythonpath: tuple[Path, ...] = ()          # e.g. the CPU import stub folder
     threads: int = 1                           # OMP threads of the server (CPU)
     extra_args: tuple[str, ...] = ()
@@ -55,6 +57,8 @@ class SGLangServerSpec:
             cmd += ["--attention-backend", "torch_native", "--disable-cuda-graph"]
         if self.disable_radix_cache:
             cmd.append("--disable-radix-cache")
+        if self.return_routed_experts:
+            cmd.append(ROUTES_FLAG)
         return cmd + list(self.extra_args)
 
 

@@ -1,7 +1,9 @@
 """Trainer backends. trainer.backend names one; `make_backend` builds it (megatron-core is imported only for
 "megatron"). A backend offers the trainer loop: pad_id, train_step(groups, step, ctx), full_state_dict() (HF names,
-rank 0), and optionally data_rank/data_world (which slice of a batch this rank trains on; default: rank/world)
-and save_checkpoint/load_checkpoint (default: services/trainer/checkpoint.py on backend.model/optimizer)."""
+rank 0), and optionally sharded_state() (a ShardedState every rank iterates while rank 0 publishes: preferred over
+full_state_dict for publishing when present), data_rank/data_world (which slice of a batch this rank trains on;
+default: rank/world) and save_checkpoint/load_checkpoint (default: services/trainer/checkpoint.py on
+backend.model/optimizer)."""
 
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ from services.trainer.routing_replay import RoutingReplay
 from services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
 from services.trainer.step import StepContext, train_step
 from services.weight_sync.manifest import DTYPES
+from services.weight_sync.transports.sharded import ShardedState
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +186,14 @@ class FsdpBackend:
         if not lora.rank:
             return None
         return {"rank": str(lora.rank), "alpha": repr(float(lora.alpha)), "targets": ",".join(lora.targets)}
+
+    def sharded_state(self) -> ShardedState:
+        """What a publish sends, gathered one parameter at a time as a sender reaches it (iterate on every rank
+        together): the same names, dtypes and values as full_state_dict(), without the whole model on rank 0."""
+        names = None
+        if self.cfg.trainer.lora.rank:
+            names = [k for k in self.model.state_dict() if is_adapter(k)]
+        return ShardedState(self.model, self.publish_dtype, names)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective. Rank 0 gets every tensor (CPU, publish dtype) -- with LoRA only the adapters; others get {}."""

@@ -18,6 +18,7 @@ from rlfleet.rpc import MAX_MESSAGE_BYTES, Server
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.weight_sync.manifest import DTYPES, buffer_xxh64, dtype_name, manifest_digest
 from services.weight_sync.transports.layout import ALIGN, Layout, TensorSpec, aligned_bucket_bytes, plan
+from services.weight_sync.transports.sharded import materialize
 
 log = logging.getLogger(__name__)
 
@@ -39,27 +40,32 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def stage_tensors(version: int, step: int, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
                   endpoint: str) -> StagedVersion:
-    """Copy tensors into one flat host buffer laid out as buckets, hash each copy, build the manifest."""
-    items = [(name, t) for name, t in named]
-    specs = []
-    for name, t in items:
-        dt = dtype_name(t.dtype)
-        if dt not in DTYPES:
-            raise ValueError(f"tensor {name}: dtype {dt} is not supported by the bucketed transport")
-        specs.append(TensorSpec(name, dt, tuple(t.shape), t.numel() * t.element_size()))
+    """Copy tensors into one flat host buffer laid out as buckets, hash each copy, build the manifest.
+
+    Streams: when `named` knows its specs (a ShardedState) the layout is planned before any tensor arrives, and each
+    tensor is copied, hashed and dropped as it comes, so at most one of them is alive at a time.
+    """
+    specs, tensors = materialize(named)
+    for spec in specs:
+        if spec.dtype not in DTYPES:
+            raise ValueError(f"tensor {spec.name}: dtype {spec.dtype} is not supported by the bucketed transport")
     layout = plan(specs, bucket_bytes)
     flat_t = torch.empty(layout.total_bytes, dtype=torch.uint8)   # [total_bytes]
     flat = flat_t.numpy()
     for start, size in zip(layout.bucket_starts, layout.bucket_sizes, strict=True):
         flat[start + size - ALIGN:start + size] = 0   # a dtype's last bucket ends in < ALIGN bytes of zero padding
     entries = []
-    for (name, t), spec, p in zip(items, specs, layout.placements, strict=True):
+    arriving = iter(tensors)
+    for spec, p in zip(specs, layout.placements, strict=True):
+        name, t = next(arriving)
+        _check_planned(name, t, spec)
         if p.nbytes:
             s = layout.flat_start(p)
             flat_t[s:s + p.nbytes].copy_(_as_bytes(t))
             digest = buffer_xxh64(memoryview(flat[s:s + p.nbytes]))
         else:
             digest = buffer_xxh64(b"")
+        del t                                         # the gathered tensor goes as soon as it is copied
         entries.append(weights_pb2.TensorEntry(name=name, dtype=spec.dtype, shape=list(spec.shape), bucket=p.bucket,
                                                offset=p.offset, nbytes=p.nbytes, xxh64=digest))
     manifest = weights_pb2.WeightManifest(
@@ -67,6 +73,13 @@ def stage_tensors(version: int, step: int, named: Iterable[tuple[str, torch.Tens
         tensors=entries, total_bytes=sum(s.nbytes for s in specs), num_buckets=layout.num_buckets,
         digest=manifest_digest((e.name, e.xxh64) for e in entries))
     return StagedVersion(manifest, layout, flat)
+
+
+def _check_planned(name: str, t: torch.Tensor, spec: TensorSpec) -> None:
+    """A tensor that arrives must be the one its spec planned (a ShardedState's specs are read before the data)."""
+    if name != spec.name or tuple(t.shape) != spec.shape or dtype_name(t.dtype) != spec.dtype:
+        raise ValueError(f"tensor {name} {dtype_name(t.dtype)}{list(t.shape)} does not match the planned "
+                         f"{spec.name} {spec.dtype}{list(spec.shape)}")
 
 
 def _bucket_chunks(staged: StagedVersion, bucket: int, chunk_bytes: int) -> list[weight_sync_pb2.WeightChunk]:

@@ -22,6 +22,13 @@ def _publish_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
+def _gathered(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """The full tensor of one (possibly sharded) state-dict entry in the publish dtype: an all-gather of it alone."""
+    t = t.detach()
+    full = t.full_tensor() if isinstance(t, DTensor) else t
+    return full.to(_publish_dtype(full, dtype))
+
+
 class ShardedState:
     """(name, full tensor) of `model.state_dict()` in order; a collective on every rank when the model is sharded."""
 
@@ -46,9 +53,7 @@ class ShardedState:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         state = self._model.state_dict()
         for n in self._names:
-            t = state[n].detach()
-            full = t.full_tensor() if isinstance(t, DTensor) else t    # all-gather of this parameter only
-            yield n, full.to(_publish_dtype(full, self._dtype))
+            yield n, _gathered(state[n], self._dtype)     # the frame keeps no reference to a yielded tensor
 
     def drain(self) -> None:
         """Take part in every gather without keeping anything (trainer ranks that send nothing)."""

@@ -59,3 +59,26 @@ def server_spec(model_path: Path, python: Path, **kwargs: object):  # -> SGLangS
 
     return SGLangServerSpec(model_path=Path(model_path), python=python, pythonpath=(STUB_DIR,), dtype="float32",
                             device="cpu", **kwargs)
+
+
+def make_sglang_tiny_moe(path: Path, seed: int = 0) -> Path:
+    """A tiny random Mixtral SGLang runs on CPU (head_dim 64; Qwen2-MoE's shared-expert gate is a triton kernel
+    there): 2 MoE layers of 8 experts, top-2, vocab 32, float32 safetensors without a tokenizer (the server runs
+    with --skip-tokenizer-init). Router rows drawn wide so routes have clear margins on both engines."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(vocab_size=32, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                        num_key_value_heads=2, num_experts_per_tok=2, num_local_experts=8, intermediate_size=32,
+                        max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                        pad_token_id=0)
+    torch.manual_seed(seed)
+    model = MixtralForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0, 0.5)
+            layer.mlp.experts.gate_up_proj.normal_(0, 0.3)
+            layer.mlp.experts.down_proj.normal_(0, 0.3)
+        model.lm_head.weight.normal_(0, 0.3)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return Path(path)

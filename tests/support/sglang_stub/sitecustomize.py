@@ -4,7 +4,8 @@ SGLang imports both at module level; neither loads beside the CPU torch 2.13 (Py
 "operator torchvision::nms does not exist"; there is no CPU sgl-kernel wheel). On the CPU path with
 SGLANG_USE_CPU_ENGINE=1 no stubbed function is called (verified on 0.5.23, ../shared/FINDINGS.md); a call raises.
 Python imports this file at start-up when its folder is on PYTHONPATH, so SGLang's child processes get it too.
-Pinned: it does nothing unless the installed sglang is exactly 0.5.23, and never touches a real installed module.
+Pinned: it does nothing unless the installed sglang is exactly 0.5.23, and never touches a real installed module
+except for one CPU allocation fix (sglang_cpu_host_alloc.py: the MoE routes host cache, unpinned on CPU).
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def _install() -> None:
         return
     if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
         sys.meta_path.append(_StubFinder())  # appended: a really installed torchvision still wins
+    import sglang_cpu_host_alloc  # beside this file, on the same PYTHONPATH
+
+    sglang_cpu_host_alloc.install()
 
 
 _install()
