@@ -2,8 +2,12 @@
 
 The trainer broadcasts a version *before* it publishes the manifest, so the replica receives while it generates;
 `fetch(manifest)` then waits for that version's bytes, checks every hash against the manifest and returns tensors.
-A broken stream (trainer died mid-broadcast, a bucket missing) marks that version failed with the reason and ends
-the group: nothing of it is returned, and later versions come over the gRPC stream when the trainer offers one.
+A broken stream (trainer or another member died mid-broadcast, a bucket missing) marks that version failed with the
+reason and ends the group: this replica records leaving in the rendezvous store (the trainer may not have noticed:
+gloo broadcasts along a tree) and drops its side, so the members downstream of it fail at once too. Nothing of a
+failed version is returned from the group; it and every later version come over the gRPC stream when the manifest
+offers it (`fallback: bucketed`). A manifest with `members: "0"` was sent to no group: it is fetched over the gRPC
+stream at once, without waiting on the group.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from services.weight_sync.transports.broadcast_wire import CLOSE, HEADER_LEN, pa
 from services.weight_sync.transports.bucketed_receiver import fetch as fetch_bucketed
 from services.weight_sync.transports.bucketed_receiver import unpack
 from services.weight_sync.transports.errors import WeightTransferError
-from services.weight_sync.transports.group import PEER_ID, TRANSPORT, Group, broadcast, join
+from services.weight_sync.transports.group import PEER_ID, TRANSPORT, Group, broadcast, drop, join, record_left
 from services.weight_sync.transports.layout import checked_layout
 
 log = logging.getLogger(__name__)
@@ -88,6 +92,8 @@ class BroadcastReceiver:
                     got += 1
             except Exception as exc:  # noqa: BLE001 - the stream broke: this version is lost, the group is over
                 reason = f"broadcast stream truncated after {got} of {total} buckets: {type(exc).__name__}: {exc}"
+                record_left(group)            # before fetch hears of it: the trainer's next stage sees "left"
+                drop(group)
                 with self._cond:
                     if version >= 0:
                         self._failed[version] = reason
@@ -117,11 +123,14 @@ class BroadcastReceiver:
         version = manifest.version
         layout = checked_layout(manifest, TRANSPORT)
         deadline = time.monotonic() + timeout
+        sent_to_group = manifest.options.get("members") != "0"
         with self._cond:
-            self._cond.wait_for(lambda: self.member or bool(self.dead), max(0.0, deadline - time.monotonic()))
-            if self.member:
-                self._cond.wait_for(lambda: version in self._received or version in self._failed or bool(self.dead),
-                                    max(0.0, deadline - time.monotonic()))
+            if sent_to_group:
+                self._cond.wait_for(lambda: self.member or bool(self.dead), max(0.0, deadline - time.monotonic()))
+                if self.member:
+                    self._cond.wait_for(
+                        lambda: version in self._received or version in self._failed or bool(self.dead),
+                        max(0.0, deadline - time.monotonic()))
             flat = self._received.get(version)
             failed = self._failed.get(version)
         if flat is not None:
@@ -129,8 +138,11 @@ class BroadcastReceiver:
                 raise WeightTransferError(version, f"received {flat.numel()} bytes, manifest lays out "
                                                    f"{layout.total_bytes}")
             return unpack(manifest, layout, flat)
-        reason = failed or self.dead or f"version not received within {timeout:.0f}s"
-        if manifest.options.get("fallback") == "bucketed" and not failed:
+        if not sent_to_group:
+            reason = "the trainer sent this version to no group"
+        else:
+            reason = failed or self.dead or f"version not received within {timeout:.0f}s"
+        if manifest.options.get("fallback") == "bucketed":
             fb = weights_pb2.WeightManifest()
             fb.CopyFrom(manifest)
             fb.transport = "bucketed"
