@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlfleet.config import parse_config  # noqa: E402
+from rlfleet.ports import free_ports  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
 from rlfleet.v1 import buffer_pb2  # noqa: E402
 from services.trainer.algorithms import resolve  # noqa: E402
@@ -86,11 +86,6 @@ def _worker(rank: int, world: int, port: int, model_dir: str, packing: bool, arg
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -119,7 +114,7 @@ def main() -> None:
         for r in range(ns.rounds):
             for world, packing in configs:
                 out = Path(tmp) / f"t{r}-{world}-{int(packing)}.json"
-                mp.spawn(_worker, args=(world, _free_port(), str(model_dir), packing, args, str(out)), nprocs=world,
+                mp.spawn(_worker, args=(world, free_ports(1)[0], str(model_dir), packing, args, str(out)), nprocs=world,
                          join=True)
                 results[(world, packing)].extend(json.loads(out.read_text()))
     base = statistics.median(results[(1, False)])

@@ -10,7 +10,6 @@ alone."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rlfleet.ports import free_ports
 from rlfleet.v1 import weights_pb2
 from services.weight_sync.transports.errors import GroupLost
 from services.weight_sync.transports.sharded import ShardedState
@@ -135,17 +135,12 @@ def _worker(rank: int, world: int, port: int, model_dir: str, run_dir: str, out:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("publish_retry")
     model_dir = make_tiny_model(tmp / "model")
-    mp.spawn(_worker, args=(2, _free_port(), str(model_dir), str(tmp / "run"), str(tmp)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_ports(1)[0], str(model_dir), str(tmp / "run"), str(tmp)), nprocs=2, join=True)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import yaml
 
 from rlfleet.metrics import read_jsonl
 from rlfleet.packing import pack_f32, pack_i32
+from rlfleet.ports import free_ports
 from rlfleet.protocols import Prompt
 from rlfleet.rpc import Server
 from rlfleet.sample import Sample
@@ -141,11 +141,6 @@ class FakeRollout(rollout_pb2_grpc.RolloutServicer):
         return rollout_pb2.GenerateReply(generations=gens)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Peers:
     def __init__(self, run_dir: Path, fail_at_step: int | None = None) -> None:
@@ -164,8 +159,8 @@ class Peers:
 
     def endpoints(self) -> dict[str, Any]:
         b, w, r = (f"127.0.0.1:{s.port}" for s in self.servers)
-        return {"buffer": b, "weight_sync": w, "rollout": [r], "trainer": f"127.0.0.1:{_free_port()}",
-                "trainer_data": f"127.0.0.1:{_free_port()}", "rendezvous": ""}
+        return {"buffer": b, "weight_sync": w, "rollout": [r], "trainer": f"127.0.0.1:{free_ports(1)[0]}",
+                "trainer_data": f"127.0.0.1:{free_ports(1)[0]}", "rendezvous": ""}
 
     def stop(self) -> None:
         for s in self.servers:
@@ -285,7 +280,7 @@ def test_two_rank_trainer_runs_hooks_and_stops_every_rank_when_rank0_fails(tmp_p
     hook_log = tmp_path / "hooks"
     path = _write_config(tmp_path, peers, model_dir, "two", steps=4, world_size=2, checkpoint_every=1,
                          hooks=["tests.integration.test_trainer_service:RecordingHook"],
-                         endpoints={"rendezvous": f"127.0.0.1:{_free_port()}"})
+                         endpoints={"rendezvous": f"127.0.0.1:{free_ports(1)[0]}"})
     procs = [subprocess.Popen([sys.executable, "-m", "services.trainer", "--config", str(path)], cwd=ROOT,
                               env=_env(rank, 2, TRAINER_HOOK_LOG=str(hook_log)), stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]

@@ -6,7 +6,6 @@ only) and activation checkpointing, each after a real RL step so master weights 
 from __future__ import annotations
 
 import json
-import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlfleet.config import Config, parse_config
+from rlfleet.ports import free_ports
 from tests.support.tiny_model import make_tiny_model
 
 BUCKET = 4096                  # small buckets: tensors span buckets, each dtype ends in a partial one
@@ -103,18 +103,13 @@ def _worker(rank: int, world: int, port: int, models: dict[str, str], run_dir: s
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("sharded_publish")
     tied = make_tiny_model(tmp / "tied")
     models = {v: str(tied) for v in VARIANTS} | {"untied": str(make_untied_model(tmp / "untied"))}
-    mp.spawn(_worker, args=(2, _free_port(), models, str(tmp / "run"), str(tmp)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_ports(1)[0], models, str(tmp / "run"), str(tmp)), nprocs=2, join=True)
     return json.loads((tmp / "report.json").read_text())
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import socket
 import threading
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from rlfleet.ports import free_ports
 from rlfleet.rpc import Server, channel
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc
 from services.rollout.engines.torch_engine import TorchEngine
@@ -97,11 +97,6 @@ def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Replica:
     """A control plane plus one replica following it over `transport`."""
@@ -154,7 +149,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Repli
     out.mkdir()
     try:
         ctx = multiprocessing.get_context("spawn")
-        port = _free_port()
+        port = free_ports(1)[0]
         planes = {t: r.address for t, r in replicas.items()}
         procs = [ctx.Process(target=_trainer, args=(rank, 2, port, str(model_dir), str(out), planes))
                  for rank in range(2)]

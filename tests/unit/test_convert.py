@@ -4,7 +4,6 @@ model computes exactly what the trainer's policy computes; the checkpoint keeps 
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import torch.multiprocessing as mp
 
 from rlfleet.cli import main
 from rlfleet.config import parse_config
+from rlfleet.ports import free_ports
 from rlfleet.sample import Sample
 from services.trainer import checkpoint
 from services.trainer.algorithms import resolve
@@ -60,11 +60,6 @@ def _worker(rank: int, port: int, run_dir: str, model_dir: str, out: str) -> Non
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.timeout(300)
 def test_checkpoint_converts_to_an_hf_folder(tmp_path: Path) -> None:
@@ -73,7 +68,7 @@ def test_checkpoint_converts_to_an_hf_folder(tmp_path: Path) -> None:
     model_dir = make_tiny_model(tmp_path / "model")
     out = tmp_path / "out"
     out.mkdir()
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path / "run"), str(model_dir), str(out)), nprocs=1, join=True)
+    mp.spawn(_worker, args=(free_ports(1)[0], str(tmp_path / "run"), str(model_dir), str(out)), nprocs=1, join=True)
     info = json.loads((out / "info.json").read_text())
     assert info["lrs"] == pytest.approx([1e-2 * 0.5, 1e-2])                          # warmup, then the peak
     assert info["published"] and all(".lora_" in n for n in info["published"])       # adapters only

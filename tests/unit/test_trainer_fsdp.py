@@ -4,7 +4,6 @@ bit-identically (weights, optimizer, RNG, step, version)."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
+from rlfleet.ports import free_ports
 from rlfleet.sample import Sample
 from rlfleet.v1 import buffer_pb2
 from services.trainer import checkpoint
@@ -88,15 +88,10 @@ def _worker(rank: int, world: int, port: int, run_dir: str, model_dir: str, mode
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _spawn(world: int, run_dir: Path, model_dir: Path, mode: str, out: Path) -> dict:
     out.mkdir(parents=True)
-    mp.spawn(_worker, args=(world, _free_port(), str(run_dir), str(model_dir), mode, str(out)), nprocs=world,
+    mp.spawn(_worker, args=(world, free_ports(1)[0], str(run_dir), str(model_dir), mode, str(out)), nprocs=world,
              join=True)
     return {"weights": load_file(str(out / "weights.safetensors")),
             **{f"rank{r}": json.loads((out / f"records{r}.json").read_text()) for r in range(world)}}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
+from rlfleet.ports import free_ports
 from rlfleet.v1 import buffer_pb2
 from services.trainer import checkpoint
 from services.trainer.algorithms import resolve
@@ -87,16 +87,11 @@ def _worker(rank: int, world: int, port: int, run_dir: str, model_dir: str, out:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _spawn(world: int, run_dir: Path, model_dir: Path, out: Path, algorithm: str = "grpo", packing: bool = False,
            save_every: bool = False, resume: bool = False, kill_step: int = -1) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, _free_port(), str(run_dir), str(model_dir), str(out), algorithm, packing,
+    mp.spawn(_worker, args=(world, free_ports(1)[0], str(run_dir), str(model_dir), str(out), algorithm, packing,
                             save_every, resume, kill_step), nprocs=world, join=True)
     return {"weights": load_file(str(out / "weights.safetensors")),
             "records": json.loads((out / "records.json").read_text())}
