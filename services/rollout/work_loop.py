@@ -129,22 +129,23 @@ class WorkLoop:
 
     def _poll(self) -> buffer_pb2.ClaimReply | None:
         """Every slot is busy: wait in Claim (asking for no tickets) for a cancellation of this replica's groups, or
-        until a slot frees (then None: the poll is cancelled and the loop claims work at once)."""
+        until a slot frees (then None: the poll is cancelled and the loop claims work at once). The buffer ends a poll
+        early only for cancellations no reply has listed yet, so a reply that arrived is never thrown away."""
         self._slot_free.clear()
         if self.in_flight_groups < self._s.claim_groups:
             return None
-        timeout = self._s.claim_wait + self._s.deadline_slack
-        call = self._stub.Claim.future(self._request(0), timeout=timeout)
-        call.add_done_callback(lambda _: self._slot_free.set())
-        end = time.monotonic() + timeout + 1.0
-        while not self._slot_free.wait(0.1) and not self._stop.is_set() and time.monotonic() < end:
+        wait = self._s.claim_wait
+        answered = threading.Event()                 # this call's own: a cancelled earlier poll cannot set it
+        call = self._stub.Claim.future(self._request(0), timeout=wait + self._s.deadline_slack)
+        call.add_done_callback(lambda _: answered.set())
+        end = time.monotonic() + wait + self._s.deadline_slack + 1.0
+        while not (answered.wait(0.05) or self._slot_free.is_set() or self._stop.is_set()
+                   or time.monotonic() > end):
             pass
-        if not call.done():
-            call.cancel()
-            return None
-        if call.cancelled():
-            return None
-        return call.result()
+        if call.done() and not call.cancelled():
+            return call.result()
+        call.cancel()
+        return None
 
     def _request(self, max_groups: int) -> buffer_pb2.ClaimRequest:
         return buffer_pb2.ClaimRequest(replica_id=self._s.replica_id, weight_version=self._engine.weight_version,
