@@ -49,6 +49,25 @@ def test_filler_builds_the_same_buckets_and_hashes_as_the_stream_sender() -> Non
     assert filler.hashes == [e.xxh64 for e in staged.manifest.tensors]
 
 
+def test_filler_reuses_pooled_buffers_across_versions_and_still_zeroes_their_padding() -> None:
+    """A sender keeps its bucket buffers between versions (a NIXL sender registers them once); a reused buffer
+    still holds the last version's bytes, which must not leak into the next version's padding."""
+    named = mixed()
+    staged = stage_tensors(1, 1, named, 64, "x:0")
+    specs, items = materialize(named)
+    layout = plan(specs, 64)
+    pool: list[torch.Tensor] = [torch.full((layout.bucket_bytes,), 0xFF, dtype=torch.uint8) for _ in range(2)]
+    ptrs = {b.data_ptr() for b in pool}
+    for _ in range(2):                                          # two versions through the same pool
+        filler = BucketFiller(layout, specs, pool=pool)
+        for b, buf in filler.fill(items):
+            s = layout.bucket_starts[b]
+            assert bytes(buf.numpy()) == bytes(staged.flat[s:s + buf.numel()])
+            ptrs.add(buf.untyped_storage().data_ptr())
+            filler.release(buf)
+    assert len(ptrs) == 2, "buffers were allocated although the pool had free ones"
+
+
 def test_sharded_state_of_a_plain_module_matches_its_state_dict() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
     state = ShardedState(model, torch.bfloat16)

@@ -48,6 +48,7 @@ class BroadcastSender:
         self.device = torch.device(device)
         self.join_seconds = join_seconds
         self._rdv = TrainerRendezvous(rendezvous_host, rendezvous_port, expected_replicas, self.device, timeout)
+        self._pool: list[torch.Tensor] = []       # bucket buffers reused across versions
         self._group: Group | None = None
         self._formed = False
         self.lost = ""                  # why the group was dropped ("" while it lives or before it formed)
@@ -82,7 +83,7 @@ class BroadcastSender:
         group = self._group
         need_fallback = group is None or self.members < self._rdv.expected or self._rdv.joined() > self.members
         flat = np.zeros(layout.total_bytes, dtype=np.uint8) if need_fallback else None
-        filler = BucketFiller(layout, specs, group.device if group else "cpu")
+        filler = BucketFiller(layout, specs, group.device if group else "cpu", self._pool)
         source = iter(tensors)
         broken = self._send(group, version, layout, filler, source, flat)
         left = self._rdv.left() if group is not None and not broken else 0

@@ -54,23 +54,29 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 class BucketFiller:
     """Copies tensors into buckets of `layout` on `device`; `hashes` holds each tensor's xxh64 after `fill`."""
 
-    def __init__(self, layout: Layout, specs: Sequence[TensorSpec], device: torch.device | str = "cpu") -> None:
+    def __init__(self, layout: Layout, specs: Sequence[TensorSpec], device: torch.device | str = "cpu",
+                 pool: list[torch.Tensor] | None = None) -> None:
+        """pool: free bucket buffers kept by the caller across versions (released ones go back into it), so a
+        sender allocates -- and a NIXL sender registers -- its buffers once per run, not once per version."""
         self.layout = layout
         self.specs = list(specs)
         self.device = torch.device(device)
         self.hashes: list[str] = []
-        self._free: list[torch.Tensor] = []
+        self._free: list[torch.Tensor] = pool if pool is not None else []
         self._ends = bucket_data_ends(layout)
 
     def release(self, buf: torch.Tensor) -> None:
         """Give back a bucket buffer the caller has finished sending."""
         self._free.append(buf._base if buf._base is not None else buf)
 
-    def _take(self, size: int) -> torch.Tensor:
-        buf = self._free.pop() if self._free else torch.empty(self.layout.bucket_bytes, dtype=torch.uint8,
-                                                              device=self.device)
-        view = buf[:size]
-        view.zero_()        # padding must be zeros; cheap next to the copy
+    def _take(self, bucket: int) -> torch.Tensor:
+        """A buffer for `bucket`: its data region [0, end) is about to be overwritten whole, the padding is zeroed."""
+        need = self.layout.bucket_bytes
+        fits = [i for i, b in enumerate(self._free) if b.numel() >= need and b.device == self.device]
+        buf = self._free.pop(fits[-1]) if fits else torch.empty(self.layout.bucket_bytes, dtype=torch.uint8,
+                                                                device=self.device)
+        view = buf[:self.layout.bucket_sizes[bucket]]
+        view[self._ends[bucket]:].zero_()
         return view
 
     def fill(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[int, torch.Tensor]]:
@@ -96,7 +102,7 @@ class BucketFiller:
             while pos < p.nbytes:
                 take = min(p.nbytes - pos, layout.bucket_bytes - offset)
                 if bucket not in open_:
-                    open_[bucket] = self._take(layout.bucket_sizes[bucket])
+                    open_[bucket] = self._take(bucket)
                 open_[bucket][offset:offset + take].copy_(raw[pos:pos + take])
                 filled[bucket] += take
                 if filled[bucket] == self._ends[bucket]:

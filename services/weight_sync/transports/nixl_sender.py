@@ -45,6 +45,7 @@ class NixlSender:
         self.timeout = timeout
         self.agent = make_agent(f"trainer-{rank}")
         self._registered: set[int] = set()
+        self._pool: list[torch.Tensor] = []       # bucket buffers reused across versions: registered once
         self._known: dict[str, bytes] = {}       # remote agent name -> metadata added
         self.failed: dict[str, str] = {}         # replica -> why its last transfer failed
 
@@ -72,7 +73,7 @@ class NixlSender:
         for p in targets:
             if layout.total_bytes > p.capacity_bytes:
                 self.failed[p.peer_id] = f"{layout.total_bytes} bytes exceed its {p.capacity_bytes}-byte slot"
-        filler = BucketFiller(layout, specs, self.device)
+        filler = BucketFiller(layout, specs, self.device, self._pool)
         pending: list[tuple[torch.Tensor, list[tuple[str, object]]]] = []
         for b, buf in filler.fill(tensors):
             self._register(buf)
