@@ -16,8 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from rlfleet.protocols import Generation, GroupTicket, Prompt, SamplingParams  # noqa: E402
+from rlfleet.protocols import GroupTicket, Prompt, SamplingParams  # noqa: E402
 from rlfleet.rpc import channel  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
 from services.buffer.core import BufferCore  # noqa: E402
@@ -36,24 +35,16 @@ from services.buffer.stores.embedded import EmbeddedStore  # noqa: E402
 from services.rollout.convert import status_of  # noqa: E402
 from services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from services.rollout.work_loop import WorkLoop, WorkSettings  # noqa: E402
+from tests.support.engine_context import EngineContext  # noqa: E402
 from tests.support.tiny_model import make_tiny_model  # noqa: E402
 
 TOKEN = "bench"
 
 
-class Ctx:
-    replica_id, run_seed = "bench", 0
-
-    def __init__(self, engine: TorchEngine) -> None:
-        self.engine = engine
-
-    def generate(self, ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
-        assert sampling is not None
-        return self.engine.submit(ids, sampling)
 
 
-def make_rollout_fn(tokens: int) -> Callable[[Ctx, Prompt, GroupTicket], Iterator[Sample]]:
-    def fn(ctx: Ctx, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+def make_rollout_fn(tokens: int) -> Callable[[EngineContext, Prompt, GroupTicket], Iterator[Sample]]:
+    def fn(ctx: EngineContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
         flat = random.Random(prompt.index).random() < 0.5            # about half the groups: all rewards equal
         ids = [1, 4 + prompt.index % 10, 5]
         futures = [ctx.generate(ids, SamplingParams(max_new_tokens=tokens, seed=i, stop_token_ids=()))
@@ -78,7 +69,7 @@ def run(tmp: Path, model: Path, over_sample: float, steps: int, gps: int, size: 
     stop = threading.Event()
     ch = channel(f"127.0.0.1:{server.port}", TOKEN)
     prompts = {i: Prompt(index=i, token_ids=[1, 5]) for i in range(100_000)}
-    loop = WorkLoop(ch, engine, Ctx(engine), prompts, make_rollout_fn(tokens),
+    loop = WorkLoop(ch, engine, EngineContext(engine, "bench"), prompts, make_rollout_fn(tokens),
                     WorkSettings(replica_id="bench", run_id="bench", claim_groups=4 * gps, claim_wait=2.0), stop)
     runner = threading.Thread(target=loop.run, daemon=True)
     runner.start()

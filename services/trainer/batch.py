@@ -88,6 +88,16 @@ def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
     return batch
 
 
+def pick_response_logits(logits: torch.Tensor, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target positions [S, T], the logits that predict them [S, T, V']) for logits [S, L, V'] (V' may be a
+    tensor-parallel slice of the vocabulary). The logit at position i predicts token i + 1; L >= 2."""
+    seq_len, t = logits.shape[1], batch.response_mask.shape[1]
+    offsets = torch.arange(t, device=logits.device)                                        # [T]
+    target_pos = (batch.response_start[:, None] + offsets[None, :]).clamp(1, seq_len - 1)  # [S, T]
+    pred_pos = target_pos - 1                                                              # [S, T]
+    return target_pos, torch.gather(logits, 1, pred_pos[:, :, None].expand(-1, -1, logits.shape[2]))
+
+
 def response_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: float) -> torch.Tensor:
     """Logprob of each response token under logits / temperature (temperature 0 means 1). -> [S, T] float32.
 
@@ -97,10 +107,7 @@ def response_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: floa
     t = batch.response_mask.shape[1]
     if t == 0 or s == 0 or seq_len < 2:
         return logits.new_zeros((s, t), dtype=torch.float32) + 0.0 * logits.sum()
-    offsets = torch.arange(t, device=logits.device)                                    # [T]
-    target_pos = (batch.response_start[:, None] + offsets[None, :]).clamp(1, seq_len - 1)  # [S, T]
-    pred_pos = target_pos - 1                                                          # [S, T]
-    picked = torch.gather(logits, 1, pred_pos[:, :, None].expand(-1, -1, logits.shape[2]))   # [S, T, V]
+    target_pos, picked = pick_response_logits(logits, batch)                           # [S, T], [S, T, V]
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(picked.float() / scale, dim=-1)                          # [S, T, V]
     targets = torch.gather(batch.input_ids, 1, target_pos)                             # [S, T]

@@ -112,7 +112,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
     batch = build_train_batch(samples, ctx.pad_id, routes=ctx.routing_replay is not None)
     batch = batch_to(batch, ctx.device)
     advantages = prepare_batch(model, batch, ctx)                                          # [S, T]
-    bounds = _row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
+    bounds = row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
     totals: dict[str, float] = {}
     for lo, hi in bounds:
         rows = torch.arange(lo, hi, device=ctx.device)
@@ -154,7 +154,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
     return totals
 
 
-def _row_bounds(group_sizes: Sequence[int], groups_per_mb: int, count: int) -> list[tuple[int, int]]:
+def row_bounds(group_sizes: Sequence[int], groups_per_mb: int, count: int) -> list[tuple[int, int]]:
     """Row ranges [lo, hi) of each minibatch, which holds groups_per_mb whole groups."""
     bounds, lo = [], 0
     for i in range(count):

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ from services.buffer.stores.embedded import EmbeddedStore
 from services.rollout.convert import status_of
 from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.work_loop import WorkLoop, WorkSettings
+from tests.support.engine_context import EngineContext
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
@@ -31,21 +31,10 @@ SIZE = 2
 SHORT, LONG = 2, 20_000           # prompt 0 finishes at once; the others would run for minutes if not aborted
 
 
-class Ctx:
-    """The slice of RolloutContext the test's rollout function uses."""
-
-    replica_id, run_seed = "r0", 0
-
-    def __init__(self, engine: TorchEngine) -> None:
-        self.engine = engine
-
-    def generate(self, ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
-        assert sampling is not None
-        return self.engine.submit(ids, sampling)
 
 
-def rollout_fn(gens: list[Generation]) -> Callable[[Ctx, Prompt, GroupTicket], Iterator[Sample]]:
-    def fn(ctx: Ctx, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+def rollout_fn(gens: list[Generation]) -> Callable[[EngineContext, Prompt, GroupTicket], Iterator[Sample]]:
+    def fn(ctx: EngineContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
         n = SHORT if prompt.index == 0 else LONG
         futures = [ctx.generate([1, 4 + i, 5], SamplingParams(max_new_tokens=n, seed=i, stop_token_ids=()))
                    for i in range(ticket.group_size)]
@@ -77,7 +66,7 @@ def test_cancelled_groups_free_their_engine_slots_and_kv(tmp_path: Path) -> None
     # claim_wait 60: with both slots busy the loop long-polls Claim; only the buffer's wake-up can end it in time
     work_settings = WorkSettings(replica_id="r0", run_id="run", claim_groups=2, claim_wait=60.0)
     ch = channel(f"127.0.0.1:{server.port}", TOKEN)
-    loop = WorkLoop(ch, engine, Ctx(engine), prompts, rollout_fn(gens), work_settings, stop)
+    loop = WorkLoop(ch, engine, EngineContext(engine), prompts, rollout_fn(gens), work_settings, stop)
     result: list[bool] = []
     runner = threading.Thread(target=lambda: result.append(loop.run()), daemon=True)
     try:

@@ -24,6 +24,14 @@ class EngineError(RuntimeError):
     """An engine that cannot load a model, or a request or weight update it refuses."""
 
 
+def check_request(input_ids: Sequence[int], sampling: SamplingParams) -> None:
+    """The checks every engine's submit makes before a request can enter a batch; EngineError otherwise."""
+    if not input_ids:
+        raise EngineError("empty prompt")
+    if sampling.max_new_tokens < 1:
+        raise EngineError(f"max_new_tokens is {sampling.max_new_tokens}, must be >= 1")
+
+
 @dataclass(frozen=True)
 class EngineGeneration(Generation):
     """A Generation with the weight version that produced each output token (in-place updates mid-sequence)."""

@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 
 from rlfleet.protocols import Generation, SamplingParams
-from services.rollout.engines.base import EngineError, EngineGeneration, EngineStats
+from services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
 from services.rollout.engines.sglang_client import SGLangClient, SGLangError
 from services.rollout.engines.sglang_group import broadcast_tensors, new_group, run_beside
 from services.rollout.engines.sglang_protocol import generate_body, parse_generate_response
@@ -99,10 +99,7 @@ class SGLangEngine:
         return self._version
 
     def submit(self, input_ids: Sequence[int], sampling: SamplingParams) -> Future[Generation]:
-        if not input_ids:
-            raise EngineError("empty prompt")
-        if sampling.max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens is {sampling.max_new_tokens}, must be >= 1")
+        check_request(input_ids, sampling)
         rid = uuid.uuid4().hex
         future: Future[Generation] = Future()
         future.set_running_or_notify_cancel()

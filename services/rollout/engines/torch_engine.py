@@ -25,7 +25,7 @@ from transformers.cache_utils import DynamicCache
 
 from rlfleet.protocols import Generation, SamplingParams
 from services.rollout.engines import kv_cache
-from services.rollout.engines.base import EngineError, EngineGeneration, EngineStats
+from services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
 from services.rollout.engines.moe_routes import RouteRecorder
 from services.rollout.engines.sampling import RowSampling, choose_tokens
 from services.rollout.engines.weights import check_update, load_safetensors_folder
@@ -100,10 +100,7 @@ class TorchEngine:
         return self._version
 
     def submit(self, input_ids: Sequence[int], sampling: SamplingParams) -> Future[Generation]:
-        if not input_ids:
-            raise EngineError("empty prompt")
-        if sampling.max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens is {sampling.max_new_tokens}, must be >= 1")
+        check_request(input_ids, sampling)
         bad = [t for t in input_ids if not 0 <= int(t) < self.vocab_size]
         if bad:                                      # refused here: inside a batch it would fail every request
             raise EngineError(f"token id {bad[0]} outside the vocabulary (size {self.vocab_size})")
@@ -194,18 +191,22 @@ class TorchEngine:
             keep = [i for i, r in enumerate(self._running) if id(r.future) not in targets]
             victims += [r for r in self._running if id(r.future) in targets]
             if len(keep) < len(self._running):
-                self._running = [self._running[i] for i in keep]
-                if keep:
-                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-                    self._mask = kv_cache.select(self._cache, self._mask, idx)
-                    self._pos, self._last = self._pos[idx], self._last[idx]
-                else:
-                    self._cache = None
-                    self._mask = self._mask[:0, :0]
-                    self._pos, self._last = self._pos[:0], self._last[:0]
+                self._keep_rows(keep)
         for req in victims:
             self._resolve(req, "abort")
         return len(victims)
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        """Keep only the running requests at batch rows `keep` (in order), with their KV rows; free the rest."""
+        self._running = [self._running[i] for i in keep]
+        if keep:
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self._mask = kv_cache.select(self._cache, self._mask, idx)
+            self._pos, self._last = self._pos[idx], self._last[idx]
+        else:
+            self._cache = None
+            self._mask = self._mask[:0, :0]
+            self._pos, self._last = self._pos[:0], self._last[:0]
 
     def kv_tokens(self) -> int:
         """KV positions held for the running batch (rows x length): 0 when nothing runs, i.e. nothing leaked."""
@@ -311,15 +312,7 @@ class TorchEngine:
         finished = {i for i, _ in done}
         keep = [i for i in range(len(self._running)) if i not in finished]
         resolved = [(self._running[i], reason) for i, reason in done]
-        self._running = [self._running[i] for i in keep]
-        if keep:
-            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-            self._mask = kv_cache.select(self._cache, self._mask, idx)
-            self._pos, self._last = self._pos[idx], self._last[idx]
-        else:
-            self._cache = None
-            self._mask = self._mask[:0, :0]
-            self._pos, self._last = self._pos[:0], self._last[:0]
+        self._keep_rows(keep)
         for req, reason in resolved:
             self._resolve(req, reason)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlfleet.protocols import TrainBatch
+from services.trainer.batch import pick_response_logits
 
 
 def parallel_response_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: float, vocab_size: int,
@@ -21,10 +22,7 @@ def parallel_response_logprobs(logits: torch.Tensor, batch: TrainBatch, temperat
     t = batch.response_mask.shape[1]
     if t == 0 or s == 0 or seq_len < 2:
         return logits.new_zeros((s, t), dtype=torch.float32) + 0.0 * logits.sum()
-    offsets = torch.arange(t, device=logits.device)                                        # [T]
-    target_pos = (batch.response_start[:, None] + offsets[None, :]).clamp(1, seq_len - 1)  # [S, T]
-    pred_pos = target_pos - 1                                                              # [S, T]
-    picked = torch.gather(logits, 1, pred_pos[:, :, None].expand(-1, -1, local_vocab))     # [S, T, V/tp]
+    target_pos, picked = pick_response_logits(logits, batch)                               # [S, T], [S, T, V/tp]
     scale = temperature if temperature > 0 else 1.0
     picked = picked.float() / scale
     if vocab_start + local_vocab > vocab_size:                                             # padded columns

@@ -23,7 +23,7 @@ from services.trainer.batch import batch_to, build_train_batch
 from services.trainer.collectives import broadcast_bytes
 from services.trainer.hooks import call_hooks
 from services.trainer.losses import ROW_COUNT, SEQ_COUNT
-from services.trainer.step import StepContext, effective_sample_size
+from services.trainer.step import StepContext, effective_sample_size, row_bounds
 from services.trainer.token_versions import version_sums, version_totals
 
 log = logging.getLogger(__name__)
@@ -71,15 +71,6 @@ def _micro_rows(lo: int, hi: int, count: int, device: torch.device) -> list[torc
     rows = torch.arange(lo, hi, device=device)
     return [r for r in torch.tensor_split(rows, min(count, max(hi - lo, 1))) if r.numel()]
 
-
-def _row_bounds(group_sizes: Sequence[int], groups_per_mb: int, count: int) -> list[tuple[int, int]]:
-    """Row ranges [lo, hi) of each minibatch, which holds groups_per_mb whole groups."""
-    bounds, lo = [], 0
-    for i in range(count):
-        hi = lo + sum(group_sizes[i * groups_per_mb:(i + 1) * groups_per_mb])
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
 
 
 class MegatronStep:
@@ -174,7 +165,7 @@ class MegatronStep:
         batch.old_logprobs = self._old_logprobs(ctx, batch)                          # [S, T]
         batch.extras[ALL_REDUCE_SUM] = partial(self._dp_sum, device=ctx.device)      # global sums for estimators
         advantages = ctx.advantage_fn(batch).to(torch.float32)                        # [S, T]
-        bounds = _row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
+        bounds = row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
         totals: dict[str, float] = {}
         for lo, hi in bounds:
             mask = batch.response_mask[lo:hi]                                                   # [S', T]
