@@ -137,10 +137,6 @@ class WeightPublisher:
                 raise lost
         raise AssertionError("unreachable: the last pass ends DONE or FAILED")
 
-    def publish_sharded(self, version: int, step: int, model: torch.nn.Module,
-                        dtype: torch.dtype | None = None) -> weights_pb2.WeightManifest:
-        return self.publish(version, step, ShardedState(model, dtype))
-
     def close(self) -> None:
         self.sender.close()
         if self._control is not None:
