@@ -1,7 +1,8 @@
 """Container health check: ask the service's grpc.health.v1 endpoint on loopback (port from RLFLEET_HEALTH_PORT).
 
-Trainer ranks other than 0 serve no gRPC (RANK != 0): there is nothing to ask, and the check passes; such a rank's
-failure shows as its container exiting."""
+Trainer ranks other than 0 serve no gRPC: in a trainer pod other than pod 0 (RLFLEET_POD_INDEX != 0, or RANK != 0
+where a pod runs one rank) there is nothing to ask, and the check passes; such a rank's failure shows as its
+container exiting (the pod's supervisor exits when any of its ranks does)."""
 
 import os
 import sys
@@ -11,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
 def main() -> int:
-    if os.environ.get("RANK", "0") != "0":
+    if os.environ.get("RLFLEET_POD_INDEX", os.environ.get("RANK", "0")) != "0":
         return 0
     port = os.environ.get("RLFLEET_HEALTH_PORT", "")
     if not port:

@@ -14,13 +14,18 @@ from pathlib import Path
 _PR_SET_PDEATHSIG = 1
 
 
-def _child_setup() -> None:
-    """In the child, before exec: own session (Ctrl-C reaches only the launcher), die when the launcher dies."""
-    os.setsid()
+def die_with_parent() -> None:
+    """In a child, before exec: receive SIGTERM when the parent dies (Linux PDEATHSIG)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
-        pass  # not Linux: the launcher's own cleanup still runs on every exit path it controls
+        pass  # not Linux: the parent's own cleanup still runs on every exit path it controls
+
+
+def _child_setup() -> None:
+    """In the child, before exec: own session (Ctrl-C reaches only the launcher), die when the launcher dies."""
+    os.setsid()
+    die_with_parent()
 
 
 class Child:

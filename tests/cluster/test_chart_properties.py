@@ -84,7 +84,7 @@ def test_rollout_replicas_spread_across_racks(rendered: dict, scenario: str) -> 
     assert tsc and tsc[0]["whenUnsatisfiable"] == "DoNotSchedule" and tsc[0]["maxSkew"] == 1
     assert tsc[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "rollout"
     assert _quarantine_avoided(spec)
-    if scenario == "gpu-8ranks-2racks":
+    if scenario == "gpu-64gpus-2racks":
         assert rollout["spec"]["replicas"] == 4
 
 
@@ -126,7 +126,7 @@ def test_spares_sit_below_the_run_priority_on_the_trainer_racks(rendered: dict, 
 
 
 def test_no_spares_no_spare_priority_class(rendered: dict) -> None:
-    objects = rendered["gpu-8ranks-2racks"]
+    objects = rendered["gpu-64gpus-2racks"]
     assert not [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-spare")]
     assert len(by_kind(objects, "PriorityClass")) == 1
 
@@ -194,10 +194,10 @@ def test_non_root_everywhere(rendered: dict, scenario: str) -> None:
 def test_gpu_privileges_are_opt_in(rendered: dict) -> None:
     cpu = pod_spec(_trainer(rendered["cpu-minimal"]))
     assert "add" not in cpu["containers"][0]["securityContext"]["capabilities"] and not cpu.get("hostIPC")
-    gpu = pod_spec(_trainer(rendered["gpu-8ranks-2racks"]))
+    gpu = pod_spec(_trainer(rendered["gpu-64gpus-2racks"]))
     assert gpu["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"] and gpu["hostIPC"] is True
     assert gpu["containers"][0]["resources"]["limits"]["rdma/hca"] == 1
-    default = pod_spec(_trainer(render({"trainer": {"gpusPerRank": 8}, "image": {"variant": "cuda"}})))
+    default = pod_spec(_trainer(render({"trainer": {"gpusPerPod": 8}, "image": {"variant": "cuda"}})))
     assert "add" not in default["containers"][0]["securityContext"]["capabilities"]
     assert not default.get("hostIPC") and "rdma/hca" not in default["containers"][0]["resources"]["limits"]
 
@@ -209,7 +209,7 @@ def test_pdbs_for_redis_and_weight_sync(rendered: dict) -> None:
 
 
 def test_resources_come_from_values(rendered: dict) -> None:
-    spec = pod_spec(_trainer(rendered["gpu-8ranks-2racks"]))
+    spec = pod_spec(_trainer(rendered["gpu-64gpus-2racks"]))
     res = spec["containers"][0]["resources"]
     assert res["requests"]["cpu"] == "64" and res["limits"]["memory"] == "1400Gi"
     assert res["limits"]["nvidia.com/gpu"] == 8
@@ -239,7 +239,8 @@ def test_services_start_with_the_documented_command_lines(rendered: dict) -> Non
     assert "--replica-index=0" in rollout["args"] and "--replica-id=$(POD_NAME)" in rollout["args"]
     trainer = pod_spec(_trainer(objects))["containers"][0]
     env = {e["name"]: e for e in trainer["env"]}
-    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    pod_index = env["RLFLEET_POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert pod_index == "metadata.labels['apps.kubernetes.io/pod-index']" and "RANK" not in env
     assert env["MASTER_ADDR"]["value"] == "run1-trainer-0.run1-trainer.team-a.svc.cluster.local"
 
 

@@ -48,7 +48,7 @@ def test_optional_integrations_render_their_crd_objects(rendered: dict[str, list
     kinds = {o["kind"] for o in rendered["gpu-integrations"]}
     assert CRD_KINDS <= kinds
     assert "HorizontalPodAutoscaler" in kinds
-    plain = {o["kind"] for o in rendered["gpu-8ranks-2racks"]}
+    plain = {o["kind"] for o in rendered["gpu-64gpus-2racks"]}
     assert not (CRD_KINDS & plain), "CRD objects must be opt-in"
 
 

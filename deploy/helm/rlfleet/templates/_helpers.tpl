@@ -57,6 +57,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s.%s.svc.cluster.local" (include "rlfleet.name" (dict "root" .root "component" .component)) .root.Release.Namespace -}}
 {{- end -}}
 
+{{/* Ranks one trainer pod runs: trainer.ranksPerPod, else one per GPU (trainer.gpusPerPod), else 1. */}}
+{{- define "rlfleet.trainerRanksPerPod" -}}
+{{- $gpus := int .Values.trainer.gpusPerPod -}}
+{{- $rpp := int (default 0 .Values.trainer.ranksPerPod) -}}
+{{- if eq $rpp 0 }}{{- $rpp = max $gpus 1 -}}{{- end -}}
+{{- if and (gt $gpus 0) (gt $rpp $gpus) -}}
+{{- fail (printf "trainer.ranksPerPod=%d is more than trainer.gpusPerPod=%d: a rank drives one GPU" $rpp $gpus) -}}
+{{- end -}}
+{{- $rpp -}}
+{{- end -}}
+
+{{/* The trainer's world size: pods x ranks per pod (rlfleet/ranks.py numbers them pod by pod). */}}
+{{- define "rlfleet.trainerWorldSize" -}}
+{{- mul (int .Values.trainer.pods) (int (include "rlfleet.trainerRanksPerPod" .)) -}}
+{{- end -}}
+
 {{- define "rlfleet.trainerRank0Host" -}}
 {{- $trainer := include "rlfleet.name" (dict "root" . "component" "trainer") -}}
 {{- if .Values.jobSet.enabled -}}

@@ -1,7 +1,7 @@
 {{/* The trainer rank pod template, shared by the StatefulSet and the JobSet. */}}
 {{- define "rlfleet.trainerPodTemplate" -}}
 {{- $c := dict "root" . "component" "trainer" -}}
-{{- $gpus := int .Values.trainer.gpusPerRank -}}
+{{- $gpus := int .Values.trainer.gpusPerPod -}}
 metadata:
   labels:
     {{- include "rlfleet.labels" $c | nindent 4 }}
@@ -42,15 +42,16 @@ spec:
           topologyKey: {{ .Values.topology.rackLabel }}
   containers:
     {{- $env := list
-        (dict "name" "WORLD_SIZE" "value" (toString .Values.trainer.ranks))
+        (dict "name" "WORLD_SIZE" "value" (include "rlfleet.trainerWorldSize" .))
+        (dict "name" "RLFLEET_RANKS_PER_POD" "value" (include "rlfleet.trainerRanksPerPod" .))
         (dict "name" "MASTER_ADDR" "value" (include "rlfleet.trainerRank0Host" .))
         (dict "name" "MASTER_PORT" "value" "29500")
         (dict "name" "OMP_NUM_THREADS" "value" (toString .Values.trainer.threads))
         (dict "name" "RLFLEET_HEALTH_PORT" "value" "50053") -}}
     {{- if .Values.jobSet.enabled }}
-    {{- $env = append $env (dict "name" "RANK" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.annotations['batch.kubernetes.io/job-completion-index']"))) }}
+    {{- $env = append $env (dict "name" "RLFLEET_POD_INDEX" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.annotations['batch.kubernetes.io/job-completion-index']"))) }}
     {{- else }}
-    {{- $env = append $env (dict "name" "RANK" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.labels['apps.kubernetes.io/pod-index']"))) }}
+    {{- $env = append $env (dict "name" "RLFLEET_POD_INDEX" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.labels['apps.kubernetes.io/pod-index']"))) }}
     {{- end }}
     {{- $ports := list
         (dict "name" "weights" "containerPort" 50054 "protocol" "TCP")
