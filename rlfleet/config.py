@@ -62,6 +62,9 @@ class RolloutConfig(_Section):
     # it) or "retract" (dropped from the engine and regenerated from the prompt under the new weights)
     partial_rollouts: Literal["continue", "retract"] = "continue"
     health: EngineHealthConfig = EngineHealthConfig()
+    # on SIGTERM (scaled away, pod deleted): stop claiming, let the groups in flight finish for up to this many
+    # seconds, then hand the rest back to the buffer (re-queued at once) and exit
+    drain_seconds: float = Field(30.0, ge=0)
 
 
 class BufferConfig(_Section):

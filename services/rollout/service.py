@@ -140,12 +140,16 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
 
     def on_sigterm(signum: int, frame: Any) -> None:
         terminated.set()
-        stop.set()
+        work.begin_drain()              # the main thread drains once work.run() returns
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_sigterm)
     try:
         finished = work.run()
+        if not finished and terminated.is_set() and not engine_lost.is_set():
+            work.drain(cfg.rollout.drain_seconds)
+            log.info("replica %s drained and leaves", replica_id)
+            return 0
         if finished and not terminated.is_set():
             # The trainer still evaluates through Generate and waits for replicas to fetch the final version.
             log.info("run finished: no more claims; serving Generate and weight updates until SIGTERM")
