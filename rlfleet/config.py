@@ -46,6 +46,23 @@ class EngineHealthConfig(_Section):
     failures: int = Field(3, ge=1)
 
 
+class SGLangConfig(_Section):
+    """rollout.engine: sglang. Each replica starts its own server (url empty) with a fresh random API key, or uses
+    the server at url (api_key_file holds that server's key). RLFLEET_SGLANG_URL, RLFLEET_SGLANG_PYTHON and
+    RLFLEET_SGLANG_PYTHONPATH in the environment override url, python and pythonpath (a machine's own paths)."""
+
+    url: str = ""                            # an SGLang server someone else runs ("" = start one per replica)
+    api_key_file: str = ""                   # that server's --api-key, for url
+    python: str = ".venv-sglang/bin/python"  # the python of SGLang's own environment (in the CUDA image: python)
+    pythonpath: list[str] = []               # extra PYTHONPATH of a server this replica starts
+    weights: Literal["disk", "distributed"] = "disk"   # how verified weights reach the server
+    verify: Literal["read_back", "sent"] = "read_back"  # what the acknowledged digest is computed from
+    tp: int = Field(1, ge=1)                 # tensor parallelism over this many GPUs (the rollout pod's GPUs)
+    mem_fraction_static: float = Field(0.1, gt=0, lt=1)   # GPU memory for weights + KV cache (0.8-0.9 on a GPU)
+    max_total_tokens: int = Field(4096, ge=64)           # KV cache size in tokens
+    extra_args: list[str] = []               # more sglang.launch_server flags, verbatim
+
+
 class RolloutConfig(_Section):
     replicas: int = Field(1, ge=1)
     engine: Literal["torch", "sglang"] = "torch"
@@ -62,6 +79,7 @@ class RolloutConfig(_Section):
     # it) or "retract" (dropped from the engine and regenerated from the prompt under the new weights)
     partial_rollouts: Literal["continue", "retract"] = "continue"
     health: EngineHealthConfig = EngineHealthConfig()
+    sglang: SGLangConfig = SGLangConfig()
     # on SIGTERM (scaled away, pod deleted): stop claiming, let the groups in flight finish for up to this many
     # seconds, then hand the rest back to the buffer (re-queued at once) and exit
     drain_seconds: float = Field(30.0, ge=0)

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.rpc import channel
 from services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
+from services.rollout.engines.sglang_client import SGLangClient, SGLangError
 from services.rollout.engines.sglang_server import SGLangServer
 from tests.integration.test_rollout_service import (  # noqa: F401 - `servers` is a fixture
     GROUP_SIZE,
@@ -35,6 +36,7 @@ from tests.support.sglang_stub import INSTALL_HINT, make_sglang_tiny_model, serv
 
 PYTHON = sglang_python()
 DETECT_WITHIN = 15.0
+API_KEY = "health-test-key"
 
 
 class _Flaky:
@@ -86,7 +88,7 @@ def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangSe
         pytest.skip(f"no SGLang venv: {INSTALL_HINT}")
     root = tmp_path_factory.mktemp("sglang-health")
     model = make_sglang_tiny_model(root / "model")
-    server = SGLangServer(server_spec(model, PYTHON), log_path=root / "server.log")
+    server = SGLangServer(server_spec(model, PYTHON, api_key=API_KEY), log_path=root / "server.log")
     server.start(ready_timeout=900)
     server.model_dir = model  # type: ignore[attr-defined]
     try:
@@ -99,8 +101,9 @@ def _replica(tmp: Path, server: SGLangServer, servers_: tuple, rep: str) -> tupl
     buffer, _, buffer_addr, ws_addr = servers_
     addr = f"127.0.0.1:{free_port()}"
     tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "sglang.key").write_text(API_KEY)
     cfg = write_config(tmp, server.model_dir, buffer_addr, ws_addr, addr, engine="sglang",  # type: ignore[attr-defined]
-                       health={"interval": 1.0, "failures": 3})
+                       health={"interval": 1.0, "failures": 3}, sglang={"api_key_file": str(tmp / "sglang.key")})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "RLFLEET_SGLANG_URL": server.url}
     proc = subprocess.Popen([sys.executable, "-m", "services.rollout", "--config", str(cfg), "--replica-index", "0",
@@ -134,6 +137,9 @@ def test_a_frozen_then_a_dead_sglang_server_is_detected_and_the_replica_gives_wa
         tmp_path: Path, sglang_server: SGLangServer, servers) -> None:  # noqa: F811
     pid = sglang_server.pid
     assert pid is not None
+    with pytest.raises(SGLangError, match="HTTP 401"):
+        SGLangClient(sglang_server.url, timeout=10).model_info()         # the server refuses a caller without the key
+    assert sglang_server.client(timeout=10).model_info()
     proc, addr = _replica(tmp_path / "a", sglang_server, servers, "rep-frozen")
     try:
         os.killpg(os.getpgid(pid), signal.SIGSTOP)

@@ -180,9 +180,9 @@ def test_config_engine_sglang_uses_the_given_server(tiny: Path, monkeypatch: pyt
     from services.rollout.engines import make_engine
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples/addition/config.yaml",
-                      {"rollout.engine": "sglang", "model.path": str(tiny), "rollout.max_batch_size": 3})
-    monkeypatch.setenv("RLFLEET_SGLANG_URL", "http://127.0.0.1:9")
-    monkeypatch.setenv("RLFLEET_SGLANG_WEIGHTS", "distributed")
+                      {"rollout.engine": "sglang", "model.path": str(tiny), "rollout.max_batch_size": 3,
+                       "rollout.sglang.weights": "distributed", "rollout.sglang.url": "http://127.0.0.1:7"})
+    monkeypatch.setenv("RLFLEET_SGLANG_URL", "http://127.0.0.1:9")      # the machine's override wins
     engine = make_engine(cfg)
     try:
         assert isinstance(engine, SGLangEngine) and engine.weight_path == "distributed"
@@ -216,3 +216,15 @@ def test_verify_sent_answers_the_last_update_without_reading_back(tiny: Path) ->
         assert held.keys() == state.keys() and all(torch.equal(held[n], t) for n, t in state.items())
     finally:
         engine.shutdown()
+
+
+def test_server_command_carries_tp_and_api_key_from_the_run_config(tiny: Path) -> None:
+    from services.rollout.engines.sglang_server import SGLangServerSpec
+
+    cmd = SGLangServerSpec(model_path=tiny, device="cuda", tp=8, api_key="k123", mem_fraction_static=0.85,
+                           max_total_tokens=200000).command(30000)
+    assert cmd[cmd.index("--tp-size") + 1] == "8" and cmd[cmd.index("--api-key") + 1] == "k123"
+    assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.85"
+    assert cmd[cmd.index("--max-total-tokens") + 1] == "200000"
+    plain = SGLangServerSpec(model_path=tiny).command(30000)
+    assert "--tp-size" not in plain and "--api-key" not in plain

@@ -23,8 +23,11 @@ class SGLangError(EngineError):
 
 class SGLangClient:
     def __init__(self, base_url: str, timeout: float = 30.0, generate_timeout: float = 600.0,
-                 weight_timeout: float = 600.0) -> None:
+                 weight_timeout: float = 600.0, api_key: str = "") -> None:
         self.base_url = base_url.rstrip("/")
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:                               # the server's --api-key: every route requires it
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self.timeout = timeout                    # control calls
         self.generate_timeout = generate_timeout  # one /generate, until its request finishes
         self.weight_timeout = weight_timeout      # weight loads and group set-up
@@ -33,8 +36,7 @@ class SGLangClient:
 
     def _call(self, method: str, path: str, body: Any, timeout: float) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=self._headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 raw = resp.read()

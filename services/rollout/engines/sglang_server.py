@@ -44,6 +44,8 @@ class SGLangServerSpec:
     return_routed_experts: bool = False        # MoE routes for R3 (sglang_routes.py): set for a MoE model
     pythonpath: tuple[Path, ...] = ()          # e.g. the CPU import stub folder
     threads: int = 1                           # OMP threads of the server (CPU)
+    tp: int = 1                                # tensor parallelism over this many GPUs
+    api_key: str = ""                          # --api-key: every request must carry it ("" = none)
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -57,6 +59,10 @@ class SGLangServerSpec:
             cmd += ["--attention-backend", "torch_native", "--disable-cuda-graph"]
         if self.disable_radix_cache:
             cmd.append("--disable-radix-cache")
+        if self.tp > 1:
+            cmd += ["--tp-size", str(self.tp)]
+        if self.api_key:
+            cmd += ["--api-key", self.api_key]
         if self.return_routed_experts:
             cmd.append(ROUTES_FLAG)
         return cmd + list(self.extra_args)
@@ -95,7 +101,7 @@ class SGLangServer:
         return self
 
     def wait_ready(self, timeout: float) -> None:
-        client = SGLangClient(self.url, timeout=5.0)
+        client = self.client(timeout=5.0)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
@@ -106,6 +112,10 @@ class SGLangServer:
             time.sleep(0.5)
         self.stop()
         raise EngineError(f"SGLang server at {self.url} not healthy after {timeout:.0f}s")
+
+    def client(self, **kwargs: float) -> SGLangClient:
+        """A client for this server, carrying its API key."""
+        return SGLangClient(self.url, api_key=self.spec.api_key, **kwargs)
 
     @property
     def pid(self) -> int | None:
