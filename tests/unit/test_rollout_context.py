@@ -10,6 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rlfleet.protocols import GroupTicket, Prompt, SamplingParams
+from rlfleet.rewards.scorer import Scorer
 from rlfleet.sample import Sample, Status
 from services.rollout.context import ServiceContext
 from services.rollout.engines.torch_engine import TorchEngine
@@ -33,7 +34,8 @@ def engine(model_dir: Path):
 
 def make_ctx(engine: TorchEngine, model_dir: Path, reward_fn, temperature: float = 1.0) -> ServiceContext:
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    return ServiceContext("r0", engine, tok, SamplingParams(temperature=temperature, max_new_tokens=6), reward_fn,
+    return ServiceContext("r0", engine, tok, SamplingParams(temperature=temperature, max_new_tokens=6),
+                          Scorer(reward_fn, 30.0),
                           run_seed=7)
 
 
