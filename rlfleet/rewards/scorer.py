@@ -141,7 +141,7 @@ class Scorer:
 
 def resolve_reward(name: str, args: Mapping[str, Any], what: str = "reward_fn") -> Callable[..., Any]:
     """A stock reward name with its options, or a dotted path (a factory called with args when args are given)."""
-    from rlfleet.plugins import PluginError, load_callable, load_factory
+    from rlfleet.plugins import PluginError, import_attr, load_factory
     from rlfleet.rewards.stock import STOCK
 
     if ":" not in name:
@@ -162,8 +162,34 @@ def resolve_reward(name: str, args: Mapping[str, Any], what: str = "reward_fn") 
         fn = load_factory(name, what, dict(args))
         if not callable(fn):
             raise PluginError(f"{what} '{name}': factory returned {type(fn).__name__}, which is not callable")
-        return fn
-    return load_callable(name, "reward_fn")
+    else:
+        fn = import_attr(name, what)
+        if not callable(fn):
+            raise PluginError(f"{what} '{name}': {type(fn).__name__} is not callable")
+    check_signature(fn, name, what)
+    return fn
+
+
+def check_signature(fn: Callable[..., Any], name: str, what: str) -> None:
+    """fn must take (prompt, completion, sample) positionally; its other required parameters are dataset columns,
+    passed by keyword."""
+    from rlfleet.plugins import PluginError
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    required_kw = {p.name: None for p in positional[3:] + [p for p in params if p.kind is
+                                                           inspect.Parameter.KEYWORD_ONLY]
+                   if p.default is inspect.Parameter.empty}
+    try:
+        sig.bind(None, None, None, **required_kw)
+    except TypeError as exc:
+        raise PluginError(f"{what} '{name}': signature {sig} does not accept (prompt, completion, sample) "
+                          f"({exc})") from None
 
 
 def load_scorer(name: str, args: Mapping[str, Any], timeout: float, what: str = "reward_fn") -> Scorer:
