@@ -1,4 +1,8 @@
-"""Write problems.jsonl: seeded arithmetic word problems, one JSON object a line ({question, answer, op}).
+"""Write problems.jsonl: seeded arithmetic word problems, one JSON object a line ({messages, question, answer, op}).
+
+`messages` is the chat the model sees: a system line, three worked examples in the short form we want
+("5 + 3 = 8. The answer is 8."), then the question. SmolLM2-135M answers in that form and stops (about 19 tokens
+at greedy), where with a bare instruction it explains at length and hits the token limit.
 
     python -m examples.word_problems.make_data [--seed 0] [--count 600]
 
@@ -14,6 +18,22 @@ from pathlib import Path
 
 NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Julia", "Kofi", "Lena")
 ITEMS = ("apples", "pencils", "stickers", "marbles", "books", "cookies", "coins", "stamps", "shells", "cards")
+
+
+SYSTEM = "Answer each question with one short calculation and the answer."
+SHOTS = (
+    ("Mia has 5 pens. Leo gives Mia 3 more. How many pens does Mia have now?", "5 + 3 = 8. The answer is 8."),
+    ("Sam had 20 cards and gave 6 of them to Ava. How many cards does Sam have left?",
+     "20 - 6 = 14. The answer is 14."),
+    ("Kim has 3 boxes with 4 toys in each box. How many toys is that in total?", "3 * 4 = 12. The answer is 12."),
+)
+
+
+def messages(question: str) -> list[dict[str, str]]:
+    chat = [{"role": "system", "content": SYSTEM}]
+    for q, a in SHOTS:
+        chat += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return chat + [{"role": "user", "content": question}]
 
 
 def problem(rng: random.Random) -> dict[str, object]:
@@ -35,7 +55,7 @@ def problem(rng: random.Random) -> dict[str, object]:
         q = (f"{name} found {a} {item} on Monday, {b} on Tuesday and {c} on Wednesday. How many {item} did {name} "
              "find in all?")
         ans = a + b + c
-    return {"question": q, "answer": str(ans), "op": op}
+    return {"messages": messages(q), "question": q, "answer": str(ans), "op": op}
 
 
 def main() -> None:
