@@ -30,7 +30,7 @@ def last_number(completions, answer, **kwargs):
 
 
 args = GRPOConfig(output_dir="runs/word_problems_trl", max_steps=40, per_device_train_batch_size=32, num_generations=8,
-                  max_completion_length=24, temperature=1.0, learning_rate=2e-6, beta=0.0, logging_steps=1,
+                  max_completion_length=24, temperature=1.0, learning_rate=5e-6, beta=0.0, logging_steps=1,
                   eval_strategy="steps", eval_steps=20, per_device_eval_batch_size=32, save_steps=20,
                   report_to=["tensorboard"], seed=0, use_cpu=True)
 trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(MODEL), reward_funcs=last_number, args=args,
