@@ -67,6 +67,9 @@ def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
     data["run"]["resume"] = bool(resume or cfg.run.resume)
     data["run"]["dir"] = str(run_dir.resolve())
     data["model"]["path"] = str(cfg.model_path.resolve())
+    for section in ("rollout", "eval"):              # dataset files: relative to the folder rlfleet runs in
+        if data[section].get("data"):
+            data[section]["data"]["path"] = str(Path(data[section]["data"]["path"]).resolve())
     return Config.model_validate(data)
 
 
