@@ -139,10 +139,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         reply = {"parts": {"passed": 1.0 if body["completion"] == body["label"] else 0.0, "style": 0.25}}
         data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except BrokenPipeError:
+            pass                            # the client gave up (the time-out case)
 
     def log_message(self, *args: object) -> None:
         pass
