@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     from rlfleet.launcher import RunError, run
-    from rlfleet.preflight import check_plugins
+    from rlfleet.preflight import check_run
 
     try:
         cfg = load_config(ns.config, _overrides(ns.set))
         if ns.command == "check":
-            check_plugins(cfg)
+            check_run(cfg)
             print(f"{ns.config}: ok")
             return 0
         run(cfg, Path(ns.config), fresh=ns.fresh, resume=ns.resume)

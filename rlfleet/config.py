@@ -63,13 +63,39 @@ class SGLangConfig(_Section):
     extra_args: list[str] = []               # more sglang.launch_server flags, verbatim
 
 
+class DataConfig(_Section):
+    """rollout.data / eval.data: a dataset by path (JSONL, Parquet, or a saved Hugging Face `datasets` folder)."""
+
+    path: str
+    prompt_field: str | None = None         # a text column (sent as one user message when chat is true)
+    messages_field: str | None = None       # or a column of chat messages [{role, content}, ...]
+    label_field: str | None = None
+    extra_fields: list[str] | None = None   # columns given to the reward as keyword arguments (None: all others)
+    chat: bool = True                       # prompt_field: apply the model's chat template
+    system_prompt: str | None = None
+    shuffle: bool = True                    # a new seeded order each epoch
+    seed: int | None = None                 # default: run.seed
+    holdout: float = Field(0.0, ge=0)       # rows held out of "train": a fraction (< 1) or a count (>= 1)
+    split: Literal["train", "holdout", "all"] = "train"
+    dataset_split: str = "train"            # saved DatasetDict folders: which split to read
+
+    @model_validator(mode="after")
+    def _one_prompt_field(self) -> DataConfig:
+        if (self.prompt_field is None) == (self.messages_field is None):
+            raise ValueError("give exactly one of prompt_field and messages_field")
+        return self
+
+
 class RolloutConfig(_Section):
     replicas: int = Field(1, ge=1)
     engine: Literal["torch", "sglang"] = "torch"
     group_size: int = Field(8, ge=1)
-    data_source: str                     # dotted path to a DataSource factory
+    data_source: str | None = None       # dotted path to a DataSource factory (or give `data`)
     data_args: dict[str, Any] = {}
-    reward_fn: str                       # dotted path to a RewardFn
+    data: DataConfig | None = None       # a dataset file instead of data_source
+    reward_fn: str                       # a stock reward name (rlfleet/rewards) or a dotted path to a RewardFn
+    reward_args: dict[str, Any] = {}     # options of a stock reward (or kwargs of a dotted-path reward factory)
+    reward_timeout: float = Field(60.0, gt=0)   # seconds; a reward that takes longer fails its sample
     rollout_fn: str = "services.rollout.rollout_fns:single_turn"
     sampling: SamplingConfig = SamplingConfig()
     max_batch_size: int = Field(64, ge=1)   # concurrent sequences in the engine
@@ -215,10 +241,20 @@ class WeightSyncConfig(_Section):
 class EvalConfig(_Section):
     data_source: str | None = None          # dotted path to a DataSource factory (held-out prompts)
     data_args: dict[str, Any] = {}
+    data: DataConfig | None = None          # a dataset file (default: rollout.data's holdout split, if any)
     reward_fn: str | None = None            # default: rollout.reward_fn
+    reward_args: dict[str, Any] | None = None   # default: rollout.reward_args when reward_fn is unset
     every_steps: int = Field(0, ge=0)       # 0: only before and after training
     max_prompts: int = Field(200, ge=1)
     max_new_tokens: int | None = None
+
+
+class DashboardsConfig(_Section):
+    """Where trainer metrics go besides metrics/trainer.jsonl and Prometheus."""
+
+    tensorboard: bool = False               # event files in RUN_DIR/tensorboard
+    wandb: Literal["off", "offline", "online"] = "off"   # offline: RUN_DIR/wandb, no network
+    wandb_project: str = "rlfleet"
 
 
 class SecurityConfig(_Section):
@@ -245,6 +281,7 @@ class Config(_Section):
     trainer: TrainerConfig = TrainerConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     eval: EvalConfig = EvalConfig()
+    dashboards: DashboardsConfig = DashboardsConfig()
     security: SecurityConfig = SecurityConfig()
     endpoints: EndpointsConfig = EndpointsConfig()
 
@@ -253,7 +290,33 @@ class Config(_Section):
         if self.rollout.group_size < 2 and self.trainer.algorithm in ("grpo", "dapo", "gspo", "drgrpo",
                                                                         "reinforce_pp_baseline"):
             raise ValueError(f"rollout.group_size must be >= 2 for trainer.algorithm={self.trainer.algorithm}")
+        if (self.rollout.data_source is None) == (self.rollout.data is None):
+            raise ValueError("rollout: give exactly one of data_source (a dotted path) and data (a dataset file)")
+        if self.eval.data_source is not None and self.eval.data is not None:
+            raise ValueError("eval: give at most one of data_source and data")
         return self
+
+    @property
+    def eval_data(self) -> DataConfig | None:
+        """The eval dataset file: eval.data, else rollout.data's holdout split when it holds rows out."""
+        if self.eval.data is not None:
+            return self.eval.data
+        data = self.rollout.data
+        if self.eval.data_source is None and data is not None and data.holdout > 0:
+            return data.model_copy(update={"split": "holdout"})
+        return None
+
+    @property
+    def eval_reward(self) -> tuple[str, dict[str, Any]]:
+        """(name, options) of the eval reward: eval.reward_fn/reward_args, defaulting to the rollout's."""
+        name = self.eval.reward_fn or self.rollout.reward_fn
+        args = self.eval.reward_args if self.eval.reward_args is not None else \
+            (dict(self.rollout.reward_args) if self.eval.reward_fn is None else {})
+        return name, dict(args)
+
+    @property
+    def has_eval(self) -> bool:
+        return self.eval.data_source is not None or self.eval_data is not None
 
     @property
     def run_dir(self) -> Path:

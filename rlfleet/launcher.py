@@ -21,7 +21,7 @@ from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config, ConfigError, dump_config
 from rlfleet.plugins import load_callable
 from rlfleet.ports import free_ports
-from rlfleet.preflight import check_plugins
+from rlfleet.preflight import check_run
 from rlfleet.processes import Child, exit_reason
 from rlfleet.report import MetricsTail, Progress, format_summary, reward_curve, summarize
 from rlfleet.rpc import channel, read_token, wait_healthy
@@ -68,6 +68,9 @@ def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
     data["run"]["resume"] = bool(resume or cfg.run.resume)
     data["run"]["dir"] = str(run_dir.resolve())
     data["model"]["path"] = str(cfg.model_path.resolve())
+    for section in ("rollout", "eval"):              # dataset files: relative to the folder rlfleet runs in
+        if data[section].get("data"):
+            data[section]["data"]["path"] = str(Path(data[section]["data"]["path"]).resolve())
     return Config.model_validate(data)
 
 
@@ -85,13 +88,28 @@ def with_endpoints(cfg: Config) -> Config:
     return Config.model_validate(data)
 
 
-def prepare_model(cfg: Config) -> None:
+def prepare_model(cfg: Config) -> Config:
+    """Build the model folder (model.prepare) or convert a GGUF model.path once into RUN_DIR/model; returns cfg
+    with model.path naming the HF folder the services load."""
+    from rlfleet.model_source import ModelError, converted_folder, import_gguf, is_gguf_path
+
+    if not cfg.model_path.is_dir() and is_gguf_path(cfg.model_path) and not cfg.model.prepare:
+        out = converted_folder(cfg.run_dir)
+        print(f"rlfleet: converting GGUF {cfg.model_path} to {out} ({cfg.model.dtype}; once)", file=sys.stderr)
+        try:
+            import_gguf(cfg.model_path, out, cfg.model.dtype)
+        except ModelError as exc:
+            raise RunError(str(exc)) from None
+        data = cfg.model_dump(mode="json")
+        data["model"]["path"] = str(out.resolve())
+        cfg = Config.model_validate(data)
     if cfg.model.prepare:
         prepare = load_callable(cfg.model.prepare, "model.prepare", arity=2)
         log.info("preparing model folder %s with %s", cfg.model_path, cfg.model.prepare)
         prepare(str(cfg.model_path), cfg.run.seed)
     if not (cfg.model_path / "config.json").exists():
         raise RunError(f"model.path {cfg.model_path} is not a Hugging Face model folder (no config.json)")
+    return cfg
 
 
 MAX_REPLICA_RESTARTS = 3     # per rollout replica; then its death stops the run like any other service's
@@ -284,9 +302,8 @@ class LocalRun:
 
 
 def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) -> RunResult:
-    check_plugins(cfg)
-    resolved = resolve(cfg, fresh=fresh, resume=resume)
-    prepare_model(resolved)
+    check_run(cfg)
+    resolved = prepare_model(resolve(cfg, fresh=fresh, resume=resume))
     resolved = with_endpoints(resolved)
     config_path = resolved.run_dir / "config.resolved.yaml"
     dump_config(resolved, config_path)

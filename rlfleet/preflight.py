@@ -1,33 +1,93 @@
-"""Start-up checks of every plugin a config names, before any service starts."""
+"""Start-up checks of everything a config names, before any service starts: ONE path shared by `rlfleet check` and
+`rlfleet run` (run calls check_run first), so a config that checks is a config that starts.
+
+It imports plugins with the import path the services get (the current folder first, as the launcher sets
+PYTHONPATH), checks the model folder or GGUF file, opens every dataset file (fields, rows), and resolves the
+reward, algorithm, advantage and loss names.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+
 from rlfleet.config import Config
-from rlfleet.plugins import load_callable, load_factory, load_hooks
+from rlfleet.plugins import PluginError, load_callable, load_hooks
 from rlfleet.protocols import DataSource
 
 
+def plugin_import_path() -> str:
+    """The folder the services import plugins from first: the launcher's current folder (rlfleet.launcher puts it
+    first on the services' PYTHONPATH)."""
+    return os.getcwd()
+
+
+def use_plugin_import_path() -> None:
+    folder = plugin_import_path()
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def check_model(cfg: Config) -> None:
+    """model.path must be an HF folder or a GGUF file, unless model.prepare builds it at start-up."""
+    from rlfleet.model_source import ModelError, check_model
+
+    if cfg.model.prepare and not cfg.model_path.exists():
+        return
+    try:
+        check_model(cfg.model_path)
+    except ModelError as exc:
+        raise PluginError(str(exc)) from None
+
+
+def _check_source(source: object, what: str) -> None:
+    if not isinstance(source, DataSource):
+        raise PluginError(f"{what}: returned {type(source).__name__}, which has no __len__/__getitem__")
+    if len(source) == 0:
+        raise PluginError(f"{what}: the data source is empty")
+    source[0]
+
+
+def check_data(cfg: Config) -> None:
+    from rlfleet.data_files import DataError, eval_source, rollout_source
+
+    for what, make in (("rollout data", rollout_source), ("eval data", eval_source)):
+        try:
+            source = make(cfg)
+        except DataError as exc:
+            raise PluginError(str(exc)) from None
+        if source is not None:
+            _check_source(source, what)
+
+
+def check_rewards(cfg: Config) -> None:
+    from rlfleet.rewards.scorer import resolve_reward
+
+    resolve_reward(cfg.rollout.reward_fn, cfg.rollout.reward_args, "rollout.reward_fn")
+    if cfg.has_eval:
+        name, args = cfg.eval_reward
+        resolve_reward(name, args, "eval.reward_fn")
+
+
+def check_algorithm(cfg: Config) -> None:
+    from services.trainer.algorithms import resolve
+
+    resolve(cfg.trainer)
+
+
+def check_run(cfg: Config) -> None:
+    """Everything `rlfleet run` needs before it starts services; raises PluginError naming the first problem."""
+    use_plugin_import_path()
+    check_model(cfg)
+    check_plugins(cfg)
+    check_algorithm(cfg)
+
+
 def check_plugins(cfg: Config) -> None:
-    """Import and check every dotted path in cfg; raise PluginError naming the first one that fails.
-
-    Built-in names (no ':') of losses, advantages and filters are checked by the service that owns them.
-    """
-    from rlfleet.plugins import PluginError
-
-    load_callable(cfg.rollout.reward_fn, "reward_fn")
+    """Import and check every dotted path and name in cfg; raise PluginError naming the first one that fails."""
+    check_rewards(cfg)
     load_callable(cfg.rollout.rollout_fn, "rollout_fn")
-    sources = [("data_source", cfg.rollout.data_source, cfg.rollout.data_args)]
-    if cfg.eval.data_source:
-        sources.append(("eval.data_source", cfg.eval.data_source, cfg.eval.data_args))
-    for what, path, args in sources:
-        source = load_factory(path, what, dict(args))
-        if not isinstance(source, DataSource):
-            raise PluginError(f"{what} '{path}': returned {type(source).__name__}, which has no __len__/__getitem__")
-        if len(source) == 0:
-            raise PluginError(f"{what} '{path}': the data source is empty")
-        source[0]
-    if cfg.eval.reward_fn:
-        load_callable(cfg.eval.reward_fn, "reward_fn")
+    check_data(cfg)
     if cfg.model.prepare:
         load_callable(cfg.model.prepare, "model.prepare", arity=2)
     for path in cfg.buffer.filters:

@@ -27,6 +27,7 @@ class Prompt:
     token_ids: tuple[int, ...] | None = None
     label: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
+    extras: Mapping[str, Any] = field(default_factory=dict)   # a dataset's other columns: reward keyword arguments
 
 
 @runtime_checkable

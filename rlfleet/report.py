@@ -65,8 +65,10 @@ class Progress:
         line = (f"step {step}/{self.total} [{'#' * filled}{'.' * (width - filled)}] "
                 f"reward {self.last.get('reward_mean', float('nan')):.3f}  "
                 f"{self.last.get('samples_per_s', 0.0):.1f} samples/s")
-        if self.eval:
-            line += f"  eval pass {self.eval['eval/pass_rate']:.3f}"
+        if "truncation_rate" in self.last:
+            line += f"  trunc {self.last['truncation_rate']:.2f}"
+        if self.eval:                                    # the latest evaluation, with the step it was taken at
+            line += f"  eval@{int(self.eval.get('step', 0))} pass {self.eval['eval/pass_rate']:.3f}"
         if self.tty:
             self.stream.write("\r" + line.ljust(100))
         else:
@@ -106,6 +108,23 @@ def reward_curve(metrics_path: Path, png_path: Path) -> Path | None:
     return png_path
 
 
+WINDOW_KEYS = ("reward_mean", "truncation_rate", "equal_reward_groups", "response_length_mean")
+
+
+def window_means(steps: list[dict[str, Any]], fraction: float = 0.1) -> dict[str, dict[str, float]]:
+    """Means of WINDOW_KEYS over the first and the last `fraction` of steps (at least one step each)."""
+    if not steps:
+        return {}
+    n = max(1, int(round(len(steps) * fraction)))
+    out: dict[str, dict[str, float]] = {}
+    for key in WINDOW_KEYS:
+        first = [float(r[key]) for r in steps[:n] if key in r]
+        last = [float(r[key]) for r in steps[-n:] if key in r]
+        if first and last:
+            out[key] = {"first": sum(first) / len(first), "last": sum(last) / len(last), "steps": n}
+    return out
+
+
 def summarize(metrics_path: Path, wall_seconds: float, buffer_stats: dict[str, Any] | None) -> dict[str, Any]:
     records = read_jsonl(metrics_path)
     steps = [r for r in records if "loss" in r]
@@ -118,6 +137,7 @@ def summarize(metrics_path: Path, wall_seconds: float, buffer_stats: dict[str, A
         "samples_per_s": round(samples / wall_seconds, 2) if wall_seconds > 0 else 0.0,
         "reward_first": steps[0]["reward_mean"] if steps else None,
         "reward_last": steps[-1]["reward_mean"] if steps else None,
+        "windows": window_means(steps),          # first vs last 10% of steps
     }
     if evals:
         out["eval_before"] = evals[0]["eval/pass_rate"]
@@ -130,7 +150,15 @@ def summarize(metrics_path: Path, wall_seconds: float, buffer_stats: dict[str, A
 def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     lines = [f"run finished: {summary['steps']} steps, {summary['samples_trained']} samples in "
              f"{summary['wall_seconds']:.0f}s ({summary['samples_per_s']:.1f} samples/s)"]
-    if summary.get("reward_first") is not None:
+    windows = summary.get("windows") or {}
+    labels = {"reward_mean": "train reward", "truncation_rate": "truncated", "equal_reward_groups": "equal groups",
+              "response_length_mean": "response tokens"}
+    for key, label in labels.items():
+        if key in windows:
+            w = windows[key]
+            lines.append(f"  {label:<16} {w['first']:.3f} -> {w['last']:.3f} (mean of first vs last {w['steps']} "
+                         f"step{'s' if w['steps'] != 1 else ''})")
+    if not windows and summary.get("reward_first") is not None:
         lines.append(f"  train reward     {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}")
     if "eval_before" in summary:
         delta = 100 * (summary["eval_after"] - summary["eval_before"])

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from rlfleet.protocols import Generation, Prompt, RewardFn, SamplingParams, reward_total
+from rlfleet.protocols import Generation, Prompt, SamplingParams
+from rlfleet.rewards.scorer import RewardFailure, Scorer
 from rlfleet.sample import Sample, Status
 from services.rollout.engines.base import Engine
 
@@ -20,13 +20,14 @@ class ServiceContext:
     """Implements rlfleet.protocols.RolloutContext for one replica. run_seed makes per-sample seeds reproducible."""
 
     def __init__(self, replica_id: str, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                 reward_fn: RewardFn, run_seed: int = 0) -> None:
+                 scorer: Scorer, run_seed: int = 0) -> None:
         self.run_seed = run_seed
         self.replica_id = replica_id
         self.engine = engine
         self.tokenizer = tokenizer
         self.sampling = sampling
-        self._reward_fn = reward_fn
+        self.scorer = scorer
+        self.batched_reward = scorer.batched       # rollout functions score whole groups with score_group
 
     def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
         return self.engine.submit(input_ids, sampling or self.sampling)
@@ -48,22 +49,24 @@ class ServiceContext:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def score(self, prompt: Prompt, sample: Sample) -> Sample:
-        """Set reward and reward_parts. A reward function that raises marks the sample FAILED (it is still put)."""
-        if sample.status in (Status.FAILED, Status.ABORTED):
-            return sample
-        try:
-            value = self._reward_fn(prompt, self.decode(sample.response_ids), sample)
-            reward, parts = reward_total(value)
-            if not math.isfinite(reward) or not all(math.isfinite(v) for v in parts.values()):
-                raise ValueError(f"reward is not finite: {value!r}")
-        except Exception as exc:  # noqa: BLE001 - user code: any failure fails the sample, never the replica
-            reason = f"reward_fn raised {type(exc).__name__}: {exc}"
-            log.warning("sample %s: %s", sample.sample_id, reason)
-            sample.status, sample.status_reason = Status.FAILED, reason
-            sample.reward, sample.reward_parts = 0.0, {}
-            return sample
-        sample.reward, sample.reward_parts = reward, parts
-        return sample
+        """Set reward and reward_parts. A reward that raises, hangs past rollout.reward_timeout or is not finite
+        marks the sample FAILED with the reason (it is still put; the run goes on)."""
+        return self.score_group(prompt, [sample])[0]
+
+    def score_group(self, prompt: Prompt, samples: list[Sample]) -> list[Sample]:
+        """Score samples of one prompt together (one call of a batched reward); same failure rules as score."""
+        todo = [s for s in samples if s.status not in (Status.FAILED, Status.ABORTED)]
+        if not todo:
+            return samples
+        results = self.scorer.score_batch([prompt] * len(todo), [self.decode(s.response_ids) for s in todo], todo)
+        for sample, result in zip(todo, results, strict=True):
+            if isinstance(result, RewardFailure):
+                log.warning("sample %s: %s", sample.sample_id, result)
+                sample.status, sample.status_reason = Status.FAILED, str(result)
+                sample.reward, sample.reward_parts = 0.0, {}
+            else:
+                sample.reward, sample.reward_parts = result
+        return samples
 
 
 class GroupAborted(RuntimeError):

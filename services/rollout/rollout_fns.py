@@ -19,6 +19,8 @@ def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Ite
     for i in range(ticket.group_size):
         sampling = dataclasses.replace(ctx.sampling, seed=sample_seed(run_seed, ticket.group_id, i))
         futures[ctx.generate(prompt_ids, sampling)] = i
+    held: list[Sample] = []                          # a batched reward scores the group at once, at the end
+    batched = bool(getattr(ctx, "batched_reward", False))
     for future in as_completed(futures):
         index = futures[future]
         sample = Sample(group_id=ticket.group_id, index=index, group_size=ticket.group_size, prompt_ids=prompt_ids,
@@ -39,4 +41,9 @@ def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Ite
             sample.token_versions = list(versions)
         if gen.routed_experts is not None:           # MoE: per-token expert ids for routing replay (R3)
             sample.routed_experts = RoutedExperts(ids=gen.routed_experts)
-        yield ctx.score(prompt, sample)
+        if batched:
+            held.append(sample)
+        else:
+            yield ctx.score(prompt, sample)
+    if held:
+        yield from ctx.score_group(prompt, held)  # type: ignore[attr-defined]

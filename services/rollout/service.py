@@ -20,9 +20,11 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from rlfleet.config import Config
+from rlfleet.data_files import DataError, rollout_source
 from rlfleet.metrics import RolloutMetrics, serve_metrics
-from rlfleet.plugins import PluginError, load_callable, load_factory
-from rlfleet.protocols import DataSource, RewardFn, RolloutFn
+from rlfleet.plugins import PluginError, load_callable
+from rlfleet.protocols import DataSource, RolloutFn
+from rlfleet.rewards.scorer import Scorer, load_scorer
 from rlfleet.rpc import Server, channel
 from rlfleet.sample import Sample
 from rlfleet.service_main import ServiceArgs, listen_address, serve_until
@@ -51,16 +53,19 @@ log = logging.getLogger("services.rollout")
 @dataclass(frozen=True)
 class Plugins:
     data: DataSource
-    reward_fn: RewardFn
+    scorer: Scorer
     rollout_fn: RolloutFn
 
 
 def load_plugins(cfg: Config) -> Plugins:
     """Raises PluginError (its message names the plugin) when one cannot be imported or does not fit."""
-    reward_fn = load_callable(cfg.rollout.reward_fn, "reward_fn")
+    scorer = load_scorer(cfg.rollout.reward_fn, cfg.rollout.reward_args, cfg.rollout.reward_timeout)
     rollout_fn = load_callable(cfg.rollout.rollout_fn, "rollout_fn")
-    data = load_factory(cfg.rollout.data_source, "data_source", dict(cfg.rollout.data_args))
-    return Plugins(data=data, reward_fn=reward_fn, rollout_fn=rollout_fn)
+    try:
+        data = rollout_source(cfg)
+    except DataError as exc:
+        raise PluginError(str(exc)) from None
+    return Plugins(data=data, scorer=scorer, rollout_fn=rollout_fn)
 
 
 def _wait_for_model(path: Path, seconds: float = 300.0) -> None:
@@ -100,7 +105,7 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
         receivers = transport_receivers(cfg, engine, replica_id, ws_channel)
     updater = WeightUpdater(engine, replica_id, args.token, cfg.weight_sync.update_timeout, receivers=receivers,
                             ack=lambda r: ws_stub.Ack(r, timeout=30.0), pause_mode=cfg.weight_sync.pause_mode)
-    ctx = ServiceContext(replica_id, engine, tokenizer, sampling_from_config(cfg.rollout.sampling), plugins.reward_fn,
+    ctx = ServiceContext(replica_id, engine, tokenizer, sampling_from_config(cfg.rollout.sampling), plugins.scorer,
                          run_seed=cfg.run.seed)
     settings = WorkSettings(replica_id=replica_id, run_id=cfg.run.name, claim_groups=cfg.rollout.claim_groups)
     log_name = replica_id if replica_id.startswith("rollout-") else f"rollout-{replica_id}"

@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rlfleet.config import Config
+from rlfleet.data_files import eval_source
 from rlfleet.packing import pack_i32, unpack_f32, unpack_i32
-from rlfleet.plugins import load_callable, load_factory
-from rlfleet.protocols import Prompt, reward_total
+from rlfleet.protocols import Prompt
+from rlfleet.rewards.scorer import load_scorer
 from rlfleet.sample import Sample, Status
 from rlfleet.v1 import rollout_pb2
 from services.trainer.clients import PeerError, RolloutClient
@@ -39,11 +40,12 @@ class Evaluator:
         from transformers import AutoTokenizer
 
         ev = cfg.eval
-        assert ev.data_source is not None
         if not cfg.endpoints.rollout:
-            raise ValueError("eval.data_source is set but endpoints.rollout lists no replica")
-        source = load_factory(ev.data_source, "data_source", dict(ev.data_args))
-        self.reward_fn = load_callable(ev.reward_fn or cfg.rollout.reward_fn, "reward_fn")
+            raise ValueError("an eval data set is configured but endpoints.rollout lists no replica")
+        source = eval_source(cfg)
+        assert source is not None
+        name, args = cfg.eval_reward
+        self.scorer = load_scorer(name, args, cfg.rollout.reward_timeout, "eval.reward_fn")
         self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model_path))
         self.prompts = [source[i] for i in range(min(len(source), ev.max_prompts))]
         self.encoded = [encode_prompt(self.tokenizer, p) for p in self.prompts]
@@ -95,8 +97,7 @@ class Evaluator:
                     failed += 1
                     rewards.append(0.0)
                     if failed <= 3:
-                        log.warning("eval prompt %d: reward_fn raised %s: %s (scored 0)", self.prompts[i].index,
-                                    type(exc).__name__, exc)
+                        log.warning("eval prompt %d: %s (scored 0)", self.prompts[i].index, exc)
         mean = sum(rewards) / len(rewards) if rewards else 0.0
         passed = sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0
         log.info("eval at version %d: reward_mean %.4f, pass_rate %.4f over %d prompts (%d reward failures)",
@@ -113,7 +114,7 @@ class Evaluator:
                         status=Status.COMPLETED if gen.finish_reason == "stop" else Status.TRUNCATED,
                         weight_version=gen.weight_version, prompt_index=prompt.index, metadata={"eval": "1"})
         completion = self.tokenizer.decode(output, skip_special_tokens=True)
-        reward, _parts = reward_total(self.reward_fn(prompt, completion, sample))
+        reward, _parts = self.scorer.score(prompt, completion, sample)
         return reward
 
     def close(self) -> None:

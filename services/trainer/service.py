@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config, ConfigError
-from rlfleet.metrics import JsonlLog, TrainerMetrics, serve_metrics
+from rlfleet.dashboards import MetricsLog
+from rlfleet.metrics import TrainerMetrics, serve_metrics
 from rlfleet.plugins import load_hooks
 from rlfleet.rpc import Server, wait_healthy
 from rlfleet.service_main import listen_address
@@ -32,9 +33,11 @@ from services.trainer.backends import (
 )
 from services.trainer.backends.fsdp import init_distributed, trainer_device
 from services.trainer.batch import rank_groups
+from services.trainer.batch_stats import batch_stats
 from services.trainer.clients import BufferClient, WeightSyncClient
 from services.trainer.collectives import all_reduce_sum, broadcast_bytes
 from services.trainer.evaluation import Evaluator
+from services.trainer.hf_export import export_checkpoint, write_final
 from services.trainer.hooks import call_hooks
 from services.trainer.publisher import WeightPublisher, follow_publish
 from services.trainer.servicer import TrainerServicer, TrainerState
@@ -76,7 +79,7 @@ class Leader:
     weight_sync: WeightSyncClient
     publisher: WeightPublisher
     evaluator: Evaluator | None
-    jsonl: JsonlLog
+    jsonl: MetricsLog
     prom: TrainerMetrics
 
     def close(self) -> None:
@@ -131,12 +134,12 @@ class Trainer:
                 server.stop(0)
                 raise RuntimeError(f"{name} at {address} is not reachable: {exc}") from None
         ws = WeightSyncClient(cfg.endpoints.weight_sync, self.token)
-        evaluator = Evaluator(cfg, self.token) if cfg.eval.data_source else None
+        evaluator = Evaluator(cfg, self.token) if cfg.has_eval else None
         return Leader(state=state, server=server, buffer=BufferClient(cfg.endpoints.buffer, self.token),
                       weight_sync=ws, publisher=WeightPublisher(cfg, self.token, ws, model_bytes=_model_bytes(cfg),
                                                                    device=self.device),
                       evaluator=evaluator,
-                      jsonl=JsonlLog(self.run_dir / "metrics" / "trainer.jsonl"), prom=prom)
+                      jsonl=MetricsLog(self.run_dir / "metrics" / "trainer.jsonl", cfg), prom=prom)
 
     def _resume(self, backend: Any) -> int:
         """Load the newest checkpoint when run.resume is set; returns the first step to train."""
@@ -177,6 +180,7 @@ class Trainer:
                                self.cfg.trainer.keep_checkpoints)
         call_hooks(self.hooks, "after_save", step, str(path))
         if self.leader:
+            export_checkpoint(path)                  # hf/model.safetensors: loadable with from_pretrained
             acked = self.leader.buffer.ack(step)
             self.leader.state.checkpoint_taken(step, str(path))
             log.info("checkpoint %s; acked %d samples up to step %d", path, acked, step)
@@ -201,7 +205,8 @@ class Trainer:
             return
         record: dict[str, Any] = {"step": step, **metrics, "step_seconds": step_s, "wait_seconds": wait_s,
                                   "version": self.version, "redelivered": redelivered,
-                                  "samples_per_s": metrics["samples"] / max(step_s + wait_s, 1e-9)}
+                                  "samples_per_s": metrics["samples"] / max(step_s + wait_s, 1e-9),
+                                  "tokens_per_s": metrics.get("tokens", 0.0) / max(step_s + wait_s, 1e-9)}
         self.leader.jsonl.write(record)
         p = self.leader.prom
         p.step.set(step + 1)
@@ -257,7 +262,8 @@ class Trainer:
             if final or requested or (step + 1) % t.checkpoint_every == 0:
                 self._checkpoint(backend, step)
             t4 = time.monotonic()
-            last = {**last, "train_seconds": t2 - t1, "publish_seconds": t3 - t2, "checkpoint_seconds": t4 - t3}
+            last = {**last, **batch_stats(batch), "train_seconds": t2 - t1, "publish_seconds": t3 - t2,
+                    "checkpoint_seconds": t4 - t3}
             self._log_step(step, last, t4 - t1, t1 - t0, batch.redelivered)
             if t.steps and self.cfg.eval.every_steps and (step + 1) % self.cfg.eval.every_steps == 0 and not final:
                 self._evaluate(step + 1)
@@ -270,6 +276,8 @@ class Trainer:
         if not verify.all_current:
             log.warning("not every replica acknowledged the final version %d", self.version)
         eval_after = self._evaluate(self.cfg.trainer.steps)
+        if self.leader.state.last_checkpoint:
+            write_final(Path(self.leader.state.last_checkpoint), Path(self.run_dir), self.cfg.model.dtype)
         self.leader.state.update(finished=True)
         summary = {"finished": True, "steps": self.cfg.trainer.steps, "committed_step": self.committed,
                    "version": self.version,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rlfleet.protocols import GroupTicket, Prompt, SamplingParams
+from rlfleet.rewards.scorer import Scorer, batched
 from rlfleet.sample import Sample, Status
 from services.rollout.context import ServiceContext
 from services.rollout.engines.torch_engine import TorchEngine
@@ -33,7 +35,8 @@ def engine(model_dir: Path):
 
 def make_ctx(engine: TorchEngine, model_dir: Path, reward_fn, temperature: float = 1.0) -> ServiceContext:
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    return ServiceContext("r0", engine, tok, SamplingParams(temperature=temperature, max_new_tokens=6), reward_fn,
+    return ServiceContext("r0", engine, tok, SamplingParams(temperature=temperature, max_new_tokens=6),
+                          Scorer(reward_fn, 30.0),
                           run_seed=7)
 
 
@@ -78,3 +81,33 @@ def test_non_finite_reward_fails_the_sample(engine: TorchEngine, model_dir: Path
     ctx = make_ctx(engine, model_dir, lambda p, c, s: float("nan"), temperature=0)
     sample = next(iter(single_turn(ctx, Prompt(index=0, token_ids=(1, 5)), GroupTicket("g3", 0, 1))))
     assert sample.status == Status.FAILED and "not finite" in sample.status_reason
+
+
+def test_batched_reward_scores_the_group_once_with_columns(engine: TorchEngine, model_dir: Path) -> None:
+    calls: list[tuple[int, list[int]]] = []
+
+    @batched
+    def by_group(prompts: list[Prompt], completions: list[str], samples: list[Sample], level: list[int]) -> list:
+        calls.append((len(samples), level))
+        return [float(len(s.response_ids)) * lv for s, lv in zip(samples, level, strict=True)]
+
+    ctx = make_ctx(engine, model_dir, by_group)
+    prompt = Prompt(index=1, text="12+34=", extras={"level": 2, "ignored": "x"})
+    samples = list(single_turn(ctx, prompt, GroupTicket("g4", 1, 3)))
+    assert calls == [(3, [2, 2, 2])]
+    assert sorted(s.index for s in samples) == [0, 1, 2]
+    assert all(s.reward == 2.0 * len(s.response_ids) and s.status != Status.FAILED for s in samples)
+
+
+def test_hanging_reward_fails_the_sample_with_the_reason(engine: TorchEngine, model_dir: Path) -> None:
+    def hang(prompt: Prompt, completion: str, sample: Sample) -> float:
+        time.sleep(60)
+        return 1.0
+
+    ctx = make_ctx(engine, model_dir, hang)
+    ctx.scorer = Scorer(hang, 0.2)
+    t0 = time.monotonic()
+    samples = list(single_turn(ctx, Prompt(index=0, token_ids=(1, 5)), GroupTicket("g5", 0, 2)))
+    assert time.monotonic() - t0 < 10
+    assert [s.status for s in samples] == [Status.FAILED, Status.FAILED]
+    assert all(s.status_reason == "reward_fn timed out after 0.2s" and s.reward == 0.0 for s in samples)

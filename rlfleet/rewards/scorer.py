@@ -1,0 +1,196 @@
+"""Call a reward function the way every rlfleet service does: with the dataset's extra columns as keyword arguments
+(as TRL does), under a time-out, sync or async, one sample at a time or batched.
+
+A reward that raises, hangs past the time-out or returns a non-finite value raises RewardFailure with the reason;
+the caller marks that sample FAILED and goes on. A sync reward that hangs keeps its (daemon) thread: Python cannot
+stop it, but nothing waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rlfleet.protocols import Prompt, reward_total
+
+RESERVED = ("prompt", "completion", "sample", "prompts", "completions", "samples")
+
+
+class RewardFailure(RuntimeError):
+    """The reward could not score a sample; str() is the reason recorded on the sample."""
+
+
+def batched(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark fn(prompts, completions, samples, **columns) -> list of rewards as batched: it is called once per group
+    (columns are lists, one value per sample)."""
+    fn.rlfleet_batched = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _accepted(fn: Callable[..., Any]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """Which extra columns fn takes: all of them with **kwargs, else those named as parameters."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return lambda extras: {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return lambda extras: {k: v for k, v in extras.items() if k not in RESERVED}
+    names = {p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)} - set(RESERVED)
+    return lambda extras: {k: v for k, v in extras.items() if k in names}
+
+
+class _AsyncLoop:
+    """One event loop in a daemon thread for async rewards."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="reward-loop", daemon=True).start()
+
+
+class Scorer:
+    def __init__(self, fn: Callable[..., Any], timeout: float, name: str = "reward_fn") -> None:
+        self.fn, self.timeout, self.name = fn, timeout, name
+        self.batched = bool(getattr(fn, "rlfleet_batched", False))
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+        self._extras = _accepted(fn)
+        self._loop: _AsyncLoop | None = None
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) within the time-out; raises RewardFailure."""
+        if self.is_async:
+            if self._loop is None:
+                self._loop = _AsyncLoop()
+            future = asyncio.run_coroutine_threadsafe(self.fn(*args, **kwargs), self._loop.loop)
+            try:
+                return future.result(self.timeout)
+            except TimeoutError:
+                future.cancel()
+                raise RewardFailure(f"{self.name} timed out after {self.timeout:g}s") from None
+            except Exception as exc:  # noqa: BLE001 - user code
+                raise RewardFailure(f"{self.name} raised {type(exc).__name__}: {exc}") from None
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["value"] = self.fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - user code
+                box["error"] = exc
+            done.set()
+
+        threading.Thread(target=target, name="reward", daemon=True).start()
+        if not done.wait(self.timeout):
+            raise RewardFailure(f"{self.name} timed out after {self.timeout:g}s")
+        if "error" in box:
+            exc = box["error"]
+            raise RewardFailure(f"{self.name} raised {type(exc).__name__}: {exc}")
+        return box["value"]
+
+    @staticmethod
+    def _fold(value: Any) -> tuple[float, dict[str, float]]:
+        try:
+            reward, parts = reward_total(value)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise RewardFailure(f"reward is not a number or a mapping of numbers: {value!r:.80} ({exc})") from None
+        if not math.isfinite(reward) or not all(math.isfinite(v) for v in parts.values()):
+            raise RewardFailure(f"reward is not finite: {value!r:.80}")
+        return reward, parts
+
+    def score(self, prompt: Prompt, completion: str, sample: Any) -> tuple[float, dict[str, float]]:
+        """(reward, parts) of one sample; raises RewardFailure."""
+        if self.batched:
+            result = self.score_batch([prompt], [completion], [sample])[0]
+            if isinstance(result, RewardFailure):
+                raise result
+            return result
+        return self._fold(self._call(prompt, completion, sample, **self._extras(prompt.extras)))
+
+    def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],
+                    samples: Sequence[Any]) -> list[tuple[float, dict[str, float]] | RewardFailure]:
+        """One result per sample: (reward, parts), or the RewardFailure of that sample."""
+        if not self.batched:
+            out: list[tuple[float, dict[str, float]] | RewardFailure] = []
+            for p, c, s in zip(prompts, completions, samples, strict=True):
+                try:
+                    out.append(self.score(p, c, s))
+                except RewardFailure as exc:
+                    out.append(exc)
+            return out
+        columns = {k: [p.extras.get(k) for p in prompts] for k in self._extras(prompts[0].extras if prompts else {})}
+        try:
+            values = self._call(list(prompts), list(completions), list(samples), **columns)
+            if not isinstance(values, Sequence) or len(values) != len(samples):
+                raise RewardFailure(f"{self.name} (batched) returned {type(values).__name__} "
+                                    f"{'of length ' + str(len(values)) if isinstance(values, Sequence) else ''} "
+                                    f"for {len(samples)} samples")
+        except RewardFailure as exc:
+            return [exc] * len(samples)
+        results: list[tuple[float, dict[str, float]] | RewardFailure] = []
+        for v in values:
+            try:
+                results.append(self._fold(v))
+            except RewardFailure as exc:
+                results.append(exc)
+        return results
+
+
+def resolve_reward(name: str, args: Mapping[str, Any], what: str = "reward_fn") -> Callable[..., Any]:
+    """A stock reward name with its options, or a dotted path (a factory called with args when args are given)."""
+    from rlfleet.plugins import PluginError, import_attr, load_factory
+    from rlfleet.rewards.stock import STOCK
+
+    if ":" not in name:
+        if name not in STOCK:
+            raise PluginError(f"{what} '{name}': unknown reward (stock rewards: {', '.join(sorted(STOCK))}; or "
+                              "give a dotted path 'package.module:function')")
+        factory = STOCK[name]
+        try:
+            inspect.signature(factory).bind(**args)
+        except TypeError:
+            raise PluginError(f"{what} '{name}': options {sorted(args)} do not fit {name}{inspect.signature(factory)}"
+                              ) from None
+        try:
+            return factory(**args)
+        except Exception as exc:  # noqa: BLE001
+            raise PluginError(f"{what} '{name}': bad options {dict(args)}: {type(exc).__name__}: {exc}") from None
+    if args:
+        fn = load_factory(name, what, dict(args))
+        if not callable(fn):
+            raise PluginError(f"{what} '{name}': factory returned {type(fn).__name__}, which is not callable")
+    else:
+        fn = import_attr(name, what)
+        if not callable(fn):
+            raise PluginError(f"{what} '{name}': {type(fn).__name__} is not callable")
+    check_signature(fn, name, what)
+    return fn
+
+
+def check_signature(fn: Callable[..., Any], name: str, what: str) -> None:
+    """fn must take (prompt, completion, sample) positionally; its other required parameters are dataset columns,
+    passed by keyword."""
+    from rlfleet.plugins import PluginError
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    required_kw = {p.name: None for p in positional[3:] + [p for p in params if p.kind is
+                                                           inspect.Parameter.KEYWORD_ONLY]
+                   if p.default is inspect.Parameter.empty}
+    try:
+        sig.bind(None, None, None, **required_kw)
+    except TypeError as exc:
+        raise PluginError(f"{what} '{name}': signature {sig} does not accept (prompt, completion, sample) "
+                          f"({exc})") from None
+
+
+def load_scorer(name: str, args: Mapping[str, Any], timeout: float, what: str = "reward_fn") -> Scorer:
+    return Scorer(resolve_reward(name, args, what), timeout, name=what)

@@ -1,0 +1,172 @@
+"""Rewards by name with YAML options, extra columns as keyword arguments, batched and async rewards, time-outs, and a
+remote reward service over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from rlfleet.plugins import PluginError
+from rlfleet.protocols import Prompt
+from rlfleet.rewards.scorer import RewardFailure, Scorer, batched, load_scorer, resolve_reward
+
+
+def P(label: str | None = None, **extras) -> Prompt:
+    return Prompt(index=0, text="q", label=label, extras=extras)
+
+
+def score(name: str, completion: str, label: str | None, **args) -> float:
+    return load_scorer(name, args, 10.0).score(P(label), completion, None)[0]
+
+
+def test_exact_match_and_last_number() -> None:
+    assert score("exact_match", " 42\n", "42") == 1.0
+    assert score("exact_match", "Forty", "forty") == 0.0
+    assert score("exact_match", "Forty", "forty", case_sensitive=False) == 1.0
+    assert score("last_number", "3 + 4 = 7, so the answer is 1,250.", "1250") == 1.0
+    assert score("last_number", "first 12 then 13", "12") == 0.0
+    assert score("last_number", "no digits here", "5") == 0.0
+    assert score("last_number", "about 3.14", "3.1416", tolerance=0.01) == 1.0
+    assert score("last_number", "about 3.14", "3.1416") == 0.0
+    assert score("last_number", "-7", "-7.0") == 1.0
+    assert score("last_number", "1010", "1000", tolerance=0.02, relative=True) == 1.0
+
+
+def test_regex_format_combined_math() -> None:
+    assert score("regex", "blah ANSWER: 17 ok", "17", pattern=r"answer:\s*(\d+)", ignore_case=True) == 1.0
+    assert score("regex", "blah answer: 18", "17", pattern=r"answer:\s*(\d+)") == 0.0
+    assert score("regex", "done.", None, pattern=r"done\.$") == 1.0
+    assert score("format", "<think>add them</think> 12", None) == 1.0
+    assert score("format", "12 <think>late</think>", None) == 0.0
+    assert score("format", "<think>no answer</think>  ", None) == 0.0
+    both = load_scorer("combined", {"format": {"weight": 0.5}, "last_number": {}}, 10.0)
+    assert both.score(P("12"), "<think>7+5</think> 12", None) == (1.5, {"format": 0.5, "last_number": 1.0})
+    assert both.score(P("12"), "13", None) == (0.0, {"format": 0.0, "last_number": 0.0})
+    assert score("math", r"so the answer is $\frac{1}{2}$", "0.5") == 1.0
+    assert score("math", r"the answer is $\boxed{3}$", "4") == 0.0
+
+
+def test_unknown_names_and_bad_options_are_refused() -> None:
+    with pytest.raises(PluginError, match=r"reward_fn 'last_numbr': unknown reward \(stock rewards: .*last_number"):
+        resolve_reward("last_numbr", {})
+    with pytest.raises(PluginError, match=r"'last_number': options \['tolerence'\] do not fit"):
+        resolve_reward("last_number", {"tolerence": 1})
+    with pytest.raises(PluginError, match="regex.*bad options"):
+        resolve_reward("regex", {"pattern": "("})
+    with pytest.raises(RewardFailure, match="reward 'exact_match' needs a label: set label_field"):
+        load_scorer("exact_match", {}, 5.0).score(P(None), "x", None)
+
+
+def level_reward(prompt: Prompt, completion: str, sample: object, level: int, unused: str = "d") -> float:
+    return float(level) + (0.5 if unused == "d" else 0.0)
+
+
+def kwargs_reward(prompt: Prompt, completion: str, sample: object, **kw: object) -> float:
+    return float(len(kw)) + (10.0 if kw.get("topic") == "math" else 0.0)
+
+
+def test_extra_columns_arrive_as_keyword_arguments() -> None:
+    prompt = P("1", level=3, topic="math")
+    assert Scorer(level_reward, 5.0).score(prompt, "x", None) == (3.5, {})       # only the columns it names
+    assert Scorer(kwargs_reward, 5.0).score(prompt, "x", None) == (12.0, {})     # **kwargs: all of them
+
+
+@batched
+def batch_reward(prompts: list[Prompt], completions: list[str], samples: list[object], level: list[int]) -> list:
+    return [float(len(c)) + lv for c, lv in zip(completions, level, strict=True)]
+
+
+async def async_reward(prompt: Prompt, completion: str, sample: object) -> float:
+    await asyncio.sleep(0.01)
+    return 2.0 if completion == "ok" else 0.0
+
+
+def test_batched_and_async() -> None:
+    s = Scorer(batch_reward, 5.0)
+    assert s.batched
+    out = s.score_batch([P(level=1), P(level=2)], ["ab", "abc"], [None, None])
+    assert out == [(3.0, {}), (5.0, {})]
+    a = Scorer(async_reward, 5.0)
+    assert a.is_async and a.score(P(), "ok", None) == (2.0, {}) and a.score(P(), "no", None) == (0.0, {})
+
+
+def hanging_reward(prompt: Prompt, completion: str, sample: object) -> float:
+    time.sleep(30)
+    return 1.0
+
+
+async def hanging_async(prompt: Prompt, completion: str, sample: object) -> float:
+    await asyncio.sleep(30)
+    return 1.0
+
+
+def raising_reward(prompt: Prompt, completion: str, sample: object) -> float:
+    raise KeyError("no such test case")
+
+
+def test_hanging_raising_and_non_finite_rewards_fail_with_the_reason() -> None:
+    for fn in (hanging_reward, hanging_async):
+        t0 = time.monotonic()
+        with pytest.raises(RewardFailure, match=r"reward_fn timed out after 0.3s"):
+            Scorer(fn, 0.3).score(P(), "x", None)
+        assert time.monotonic() - t0 < 3.0
+    with pytest.raises(RewardFailure, match=r"reward_fn raised KeyError: 'no such test case'"):
+        Scorer(raising_reward, 1.0).score(P(), "x", None)
+    with pytest.raises(RewardFailure, match="not finite"):
+        Scorer(lambda p, c, s: float("nan"), 1.0).score(P(), "x", None)
+    mixed = Scorer(batched(lambda ps, cs, ss: [1.0, "bad"]), 1.0).score_batch([P(), P()], ["a", "b"], [None, None])
+    assert mixed[0] == (1.0, {}) and isinstance(mixed[1], RewardFailure)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    seen: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Handler.seen.append({**body, "auth": self.headers.get("Authorization")})
+        if body["completion"] == "slow":
+            time.sleep(2.0)
+        if body["completion"] == "crash":
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"sandbox crashed")
+            return
+        reply = {"parts": {"passed": 1.0 if body["completion"] == body["label"] else 0.0, "style": 0.25}}
+        data = json.dumps(reply).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except BrokenPipeError:
+            pass                            # the client gave up (the time-out case)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_remote_reward_service_over_http(tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = tmp_path / "tok"
+    token.write_text("s3cret\n")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/score"
+        s = load_scorer("remote", {"url": url, "timeout": 0.5, "token_file": str(token)}, 10.0)
+        assert s.score(P("7", lang="py"), "7", None) == (1.25, {"passed": 1.0, "style": 0.25})
+        seen = _Handler.seen[-1]
+        assert seen["label"] == "7" and seen["extras"] == {"lang": "py"} and seen["auth"] == "Bearer s3cret"
+        with pytest.raises(RewardFailure, match="did not answer"):
+            s.score(P("7"), "slow", None)
+        with pytest.raises(RewardFailure, match="HTTP 500"):
+            s.score(P("7"), "crash", None)
+    finally:
+        server.shutdown()
+    with pytest.raises(PluginError, match="must start with http"):
+        resolve_reward("remote", {"url": "ftp://x"})
