@@ -270,7 +270,8 @@ class Config(_Section):
                                       ("rollout.device (cpu)", r.device != "cpu"),
                                       ("trainer.device (cpu)", t.device != "cpu"),
                                       ("model.dtype (float32)", self.model.dtype != "float32"),
-                                      ("trainer.precision (auto or fp32)", t.precision == "bf16")) if bad]
+                                      ("trainer.precision (auto or fp32)", t.precision == "bf16"),
+                                      ("trainer.routing_replay (off)", t.routing_replay)) if bad]
             if wrong:
                 raise ValueError(f"trainer.on_policy needs {', '.join(wrong)}")
         return self
