@@ -4,10 +4,11 @@ other rows, on the row's position in the batch, on padding, or on how long the s
 KV-cached, batched, left-padded decode and the trainer's right-padded full-sequence forward give bitwise-equal logits.
 
 How (a `TorchDispatchMode`, scoped to the block; nothing global is patched):
-- matmul (mm, addmm, bmm): every output element is the sum of its K products taken in index order, with one
-  accumulator (`cumsum` on CPU is a sequential scan in double precision); exact zeros -- masked attention
+- matmul (mm, addmm, bmm, linear, matmul): every output element is the sum of its K products taken in index order
+  with one accumulator, as exact IEEE multiplies and adds over whole [M, N] slices; exact zeros -- masked attention
   probabilities, left padding -- leave such a sum bitwise unchanged, so a longer padded row gives the same value.
-- softmax, log_softmax and mean over a dimension: the same sequential sums, max-shifted as usual.
+- softmax, log_softmax and mean over a dimension: sequential sums too (`cumsum` on CPU is a sequential scan with a
+  double accumulator), max-shifted as usual.
 - transcendental elementwise ops (exp, log, rsqrt, sin, cos, silu, sigmoid, tanh): ATen computes the last
   (numel mod vector width) elements of a tensor with the scalar libm function and the rest with the vectorised
   one, which can differ in the last bit; here every element takes the vectorised path (the input is padded to a
@@ -22,7 +23,6 @@ CPU and float32 only; far slower than the library kernels (the cost is measured 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,7 +32,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
-CHUNK_ELEMENTS = 1 << 22        # products held at once by one matmul chunk (16 MiB of float32)
 LANES = 64                      # pad elementwise inputs to a multiple of this (> 2x the widest vector)
 EAGER = {"attn_implementation": "eager"}
 
@@ -50,19 +49,20 @@ def _seq_sum(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [..., M, K] @ b [..., K, N] with each output a sequential sum over K (batch dims broadcast)."""
-    a, b = a.contiguous(), b.contiguous()
+    """a [..., M, K] @ b [..., K, N] (batch dims broadcast) with each output the sum of its K products in index
+    order: acc += a[..., :, k] * b[..., k, :] for k = 0..K-1, exact IEEE multiplies and adds on whole [M, N] slices,
+    so the value of an output element depends on its own row and column only."""
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a = a.expand(*lead, m, k)
-    b = b.expand(*lead, k, n)
-    out = torch.empty(*lead, m, n, dtype=torch.result_type(a, b))
-    rows = max(1, CHUNK_ELEMENTS // max(1, k * n * math.prod(lead)))
-    for lo in range(0, m, rows):
-        part = a[..., lo:lo + rows, :].unsqueeze(-1) * b.unsqueeze(-3)              # [..., m', K, N]
-        out[..., lo:lo + rows, :] = _seq_sum(part, dim=-2)
-    return out
+    cols = a.transpose(-1, -2).expand(*lead, k, m).contiguous().unsqueeze(-1).unbind(-3)   # K x [..., M, 1]
+    rows = b.expand(*lead, k, n).contiguous().unsqueeze(-2).unbind(-3)                     # K x [..., 1, N]
+    acc = torch.zeros(*lead, m, n, dtype=torch.result_type(a, b))
+    prod = torch.empty_like(acc)
+    for col, row in zip(cols, rows, strict=True):
+        torch.mul(col, row, out=prod)
+        acc.add_(prod)
+    return acc
 
 
 def general_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -73,6 +73,8 @@ def general_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return matmul(a[None, :], b).squeeze(-2)
     if b.dim() == 1:
         return matmul(a, b[:, None]).squeeze(-1)
+    if b.dim() == 2 and a.dim() > 2:                   # [..., M, K] @ [K, N]: one [M', K] @ [K, N]
+        return matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
     return matmul(a, b)
 
 
