@@ -126,9 +126,14 @@ class BufferConfig(_Section):
 
 
 class TisConfig(_Section):
-    mode: Literal["tis", "icepop", "none"] = "tis"
-    clip: float = Field(2.0, gt=0)          # tis: weights truncated at clip; icepop: kept in [low, clip]
+    """Rollout correction: importance weights of the trainer's vs the rollout engine's policy (losses.py)."""
+
+    mode: Literal["tis", "icepop", "mask", "none"] = "tis"   # mask = icepop: weight 1 inside [low, clip], else 0
+    clip: float = Field(2.0, gt=0)          # tis: weights truncated at clip; icepop/mask: kept in [low, clip]
     low: float = Field(0.5, ge=0)
+    # the ratio the weight is taken of: per token, the sequence's product (exp of the summed log-ratios) or its
+    # geometric mean (exp of the mean log-ratio), broadcast over the sequence's tokens
+    level: Literal["token", "sequence", "geometric"] = "token"
 
 
 class MegatronConfig(_Section):
@@ -140,10 +145,16 @@ class MegatronConfig(_Section):
 
 
 class KlConfig(_Section):
-    """Optional KL penalty against the reference model (the initial policy), added to the loss."""
+    """Optional KL penalty against the reference model (the initial policy), added to the loss or the reward."""
 
     coef: float = Field(0.0, ge=0)          # 0: no reference model is loaded
-    estimator: Literal["k1", "k2", "k3"] = "k3"   # k3 = the low-variance estimator
+    # k3 = low_var_kl (clamped, verl's bounds); mse = k2; kl = k1; a trailing "+" keeps the value of the estimator
+    # and takes the gradient of k2 (straight-through, unbiased gradient)
+    estimator: Literal["k1", "k2", "k3", "kl", "mse", "abs", "low_var_kl",
+                       "k1+", "k2+", "k3+", "kl+", "mse+", "abs+", "low_var_kl+"] = "k3"
+    in_reward: bool = False                 # True: -coef * KL(old || ref) per token in the reward (verl's
+    #                                         use_kl_in_reward), not in the loss
+    ratio_weighted: bool = False            # TRL's use_bias_correction_kl: the loss's KL times the ratio pi/pi_old
 
 
 class CriticConfig(_Section):
@@ -185,6 +196,30 @@ class PackingConfig(_Section):
     max_tokens: int = Field(2048, ge=8)
 
 
+# issue 13: verl / TRL parity (services/trainer/losses.py, advantages.py, batch_invariant.py)
+LossAgg = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                  "bnpo", "dapo", "grpo", "dr_grpo"]   # TRL's loss_type names are aliases (losses.AGG_ALIASES)
+
+
+class PolicyLossConfig(_Section):
+    """The token-level policy losses (clipped_pg, dapo, drgrpo, ppo's): aggregation, dual-clip, clamps, entropy."""
+
+    agg: LossAgg | None = None              # None: the loss's own (token-mean; drgrpo: seq-mean-token-sum-norm)
+    # sequence-level denominators: "exclude" rows without a valid token (verl), or "include" them (TRL)
+    empty_rows: Literal["exclude", "include"] = "exclude"
+    clip_ratio_c: float = Field(3.0, ge=0)  # dual-clip: a negative-advantage token's loss is at most -A * c (0: off)
+    log_ratio_clamp: float = Field(20.0, gt=0)   # log(pi/pi_old) clamped to +-this before exp (verl: 20)
+    kl_clamp: float = Field(10.0, gt=0)          # k3 / low_var_kl clamped to +-this (verl: 10)
+    entropy_coef: float = Field(0.0, ge=0)       # loss -= coef * token-mean entropy (0: entropy is a metric only)
+
+
+class EstimatorConfig(_Section):
+    """Options of the advantage estimators."""
+
+    scale_rewards: Literal["group", "batch", "none"] = "group"   # GRPO's std: per group, over the batch, or off
+    gamma: float = Field(1.0, ge=0, le=1)   # REINFORCE++'s discount over the response tokens
+
+
 class TrainerConfig(_Section):
     backend: Literal["fsdp", "megatron"] = "fsdp"
     megatron: MegatronConfig = MegatronConfig()
@@ -221,6 +256,12 @@ class TrainerConfig(_Section):
     dapo_clip_high: float = Field(0.28, ge=0)             # DAPO's clip-higher (clip_low stays trainer.clip_low)
     gspo_clip: tuple[float, float] = (3e-4, 4e-4)         # GSPO's sequence-ratio clip range (low, high)
     drgrpo_max_tokens: int = Field(0, ge=0)               # Dr. GRPO's constant normaliser (0: the batch's T)
+    # issue 13: verl / TRL parity
+    policy_loss: PolicyLossConfig = PolicyLossConfig()
+    estimator: EstimatorConfig = EstimatorConfig()
+    # true on-policy: engine and trainer compute log-probs with the same batch-invariant CPU kernels
+    # (services/batch_invariant.py), so logprob_abs_diff is exactly 0; torch engine + fsdp on CPU, fp32 only
+    on_policy: bool = False
 
 
 class WeightSyncConfig(_Section):
@@ -288,12 +329,23 @@ class Config(_Section):
     @model_validator(mode="after")
     def _check(self) -> Config:
         if self.rollout.group_size < 2 and self.trainer.algorithm in ("grpo", "dapo", "gspo", "drgrpo",
-                                                                        "reinforce_pp_baseline"):
+                                                                        "reinforce_pp_baseline", "rloo"):
             raise ValueError(f"rollout.group_size must be >= 2 for trainer.algorithm={self.trainer.algorithm}")
         if (self.rollout.data_source is None) == (self.rollout.data is None):
             raise ValueError("rollout: give exactly one of data_source (a dotted path) and data (a dataset file)")
         if self.eval.data_source is not None and self.eval.data is not None:
             raise ValueError("eval: give at most one of data_source and data")
+        if self.trainer.on_policy:          # issue 13: the batch-invariant kernels exist for this set-up only
+            t, r = self.trainer, self.rollout
+            wrong = [f for f, bad in (("rollout.engine (torch)", r.engine != "torch"),
+                                      ("trainer.backend (fsdp)", t.backend != "fsdp"),
+                                      ("rollout.device (cpu)", r.device != "cpu"),
+                                      ("trainer.device (cpu)", t.device != "cpu"),
+                                      ("model.dtype (float32)", self.model.dtype != "float32"),
+                                      ("trainer.precision (auto or fp32)", t.precision == "bf16"),
+                                      ("trainer.routing_replay (off)", t.routing_replay)) if bad]
+            if wrong:
+                raise ValueError(f"trainer.on_policy needs {', '.join(wrong)}")
         return self
 
     @property

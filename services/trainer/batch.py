@@ -10,6 +10,7 @@ import torch
 from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.v1 import buffer_pb2
+from services.trainer.entropy import record_entropy
 from services.trainer.routing_replay import ROUTES_KEY, RoutingReplay, routes_tensor
 from services.trainer.token_versions import TOKEN_VERSIONS, token_versions_tensor
 
@@ -110,6 +111,7 @@ def response_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: floa
     target_pos, picked = pick_response_logits(logits, batch)                           # [S, T], [S, T, V]
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(picked.float() / scale, dim=-1)                          # [S, T, V]
+    record_entropy(batch, logp)                                                        # extras["entropy"] [S, T]
     targets = torch.gather(batch.input_ids, 1, target_pos)                             # [S, T]
     return torch.gather(logp, 2, targets[:, :, None]).squeeze(2)                       # [S, T]
 

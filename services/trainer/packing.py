@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from rlfleet.protocols import TrainBatch
+from services.trainer.entropy import record_entropy
 
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
@@ -99,6 +100,7 @@ def packed_response_logprobs(logits: torch.Tensor, packed: Packed, batch: TrainB
     picked = logits[rows, target - 1]                                                         # [S, T, V]
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(picked.float() / scale, dim=-1)                                  # [S, T, V]
+    record_entropy(batch, logp)                                                               # extras["entropy"]
     targets = packed.input_ids[rows, target]                                                  # [S, T]
     return torch.gather(logp, 2, targets[:, :, None]).squeeze(2)                              # [S, T]
 

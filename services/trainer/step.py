@@ -17,6 +17,7 @@ from rlfleet.sample import Sample
 from services.trainer.advantages import ALL_REDUCE_SUM, RETURNS
 from services.trainer.batch import batch_to, build_train_batch, forward_logprobs
 from services.trainer.collectives import all_reduce_sum
+from services.trainer.entropy import ENTROPY_GRAD
 from services.trainer.hooks import call_hooks
 from services.trainer.losses import ROW_COUNT, SEQ_COUNT
 from services.trainer.routing_replay import RoutingReplay, select_route_rows
@@ -46,6 +47,7 @@ class StepContext:
     reference: Any | None = None                    # FrozenScorer: batch.ref_logprobs (KL penalty)
     teacher: Any | None = None                      # FrozenScorer: batch.teacher_logprobs (distillation)
     critic: Any | None = None                       # Critic: batch.values, trained per minibatch (PPO)
+    entropy_grad: bool = False                      # the loss's entropy bonus needs the forward's entropy graph
 
 
 def _select_rows(batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:
@@ -111,6 +113,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
     samples = [s for g in groups for s in g]
     batch = build_train_batch(samples, ctx.pad_id, routes=ctx.routing_replay is not None)
     batch = batch_to(batch, ctx.device)
+    batch.extras[ENTROPY_GRAD] = ctx.entropy_grad
     advantages = prepare_batch(model, batch, ctx)                                          # [S, T]
     bounds = row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
     totals: dict[str, float] = {}

@@ -19,9 +19,10 @@ def _batch(rewards: list[float], groups: list[int], mask: list[list[float]]) -> 
 
 
 def test_group_normalisation_hand_values() -> None:
-    # group 0: rewards 1, 2, 3 -> mean 2, unbiased std 1; group 1: 5, 5 -> all equal; group 2: one sample
+    # group 0: rewards 1, 2, 3 -> mean 2, unbiased std 1; group 1: 5, 5 -> all equal; group 2: one sample, no
+    # baseline -> its raw reward (verl)
     adv = group_normalized_rewards(torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 7.0]), torch.tensor([0, 0, 0, 1, 1, 2]))
-    expected = torch.tensor([-1 / (1 + GRPO_EPS), 0.0, 1 / (1 + GRPO_EPS), 0.0, 0.0, 0.0])
+    expected = torch.tensor([-1 / (1 + GRPO_EPS), 0.0, 1 / (1 + GRPO_EPS), 0.0, 0.0, 7.0])
     torch.testing.assert_close(adv, expected, atol=1e-6, rtol=0)
 
 

@@ -106,13 +106,15 @@ def test_whitening_uses_the_global_sum_when_given() -> None:
 
 def _ref_gae(reward: float, values: list[float], mask: list[int], gamma: float, lam: float
              ) -> tuple[list[float], list[float]]:
-    t = len(mask)
-    last = max((i for i in range(t) if mask[i]), default=-1)
-    adv = [0.0] * t
+    """GAE over the valid tokens only (verl): a masked token inside the response is skipped -- the step after a
+    valid token i is the next *valid* token."""
+    steps = [i for i in range(len(mask)) if mask[i]]
+    adv = [0.0] * len(mask)
     running = 0.0
-    for i in range(last, -1, -1):
-        next_v = values[i + 1] if i + 1 <= last else 0.0
-        r = reward if i == last else 0.0
+    for k in range(len(steps) - 1, -1, -1):
+        i = steps[k]
+        next_v = values[steps[k + 1]] if k + 1 < len(steps) else 0.0
+        r = reward if k == len(steps) - 1 else 0.0
         running = r + gamma * next_v - values[i] + gamma * lam * running
         adv[i] = running
     return ([a if k else 0.0 for a, k in zip(adv, mask, strict=True)],

@@ -12,7 +12,7 @@ from rlfleet.plugins import PluginError
 from rlfleet.protocols import LossOutput, TrainBatch
 from services.trainer.advantages import grpo
 from services.trainer.algorithms import resolve
-from services.trainer.losses import ClippedPolicyLoss, importance_weights
+from services.trainer.losses import ClippedPolicyLoss, EntropyTerm, importance_weights
 
 
 def _batch(mask: list[list[float]], old: list[list[float]], rollout: list[list[float]]) -> TrainBatch:
@@ -119,13 +119,13 @@ def my_loss(logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
 
 
 def test_algorithm_preset_and_overrides() -> None:
-    adv, loss = resolve(TrainerConfig())
-    assert adv is grpo and isinstance(loss, ClippedPolicyLoss)
+    adv, loss = resolve(TrainerConfig())            # every loss comes wrapped in the entropy term (a metric)
+    assert adv == grpo and isinstance(loss, EntropyTerm) and isinstance(loss.inner, ClippedPolicyLoss)
     cfg = TrainerConfig(clip_low=0.1, clip_high=0.3, tis=TisConfig(mode="icepop"))
-    assert resolve(cfg)[1] == ClippedPolicyLoss(0.1, 0.3, TisConfig(mode="icepop"))
+    assert resolve(cfg)[1].inner == ClippedPolicyLoss(0.1, 0.3, TisConfig(mode="icepop"))
     adv, loss = resolve(TrainerConfig(advantage="tests.unit.test_losses:my_advantage",
                                       loss="tests.unit.test_losses:my_loss"))
-    assert adv is my_advantage and loss is my_loss
+    assert adv is my_advantage and loss.inner is my_loss
 
 
 @pytest.mark.parametrize("field,value,match", [

@@ -92,16 +92,24 @@ def test_clipped_pg_token_level(low: float, high: float) -> None:
 
 def test_dapo_preset_uses_clip_higher() -> None:
     _, loss = resolve(TrainerConfig(algorithm="dapo", tis=TIS))
+    loss = loss.inner                                          # inside the entropy term
     assert loss == ClippedPolicyLoss(0.2, 0.28, TIS)
     out, _ = _run(loss)
     assert out.loss.item() == pytest.approx(_ref_clipped(0.2, 0.28, 5.0), abs=1e-6)
 
 
 def test_drgrpo_divides_by_rows_times_max_tokens() -> None:
-    out, _ = _run(ClippedPolicyLoss(0.2, 0.2, TIS, agg="seq_sum_norm", max_tokens=8), **{ROW_COUNT: 6.0})
+    # TRL's convention (empty rows counted): global rows * max_tokens
+    out, _ = _run(ClippedPolicyLoss(0.2, 0.2, TIS, agg="seq_sum_norm", max_tokens=8, empty_rows="include"),
+                  **{ROW_COUNT: 6.0, SEQ_COUNT: 4.0})
     assert out.loss.item() == pytest.approx(_ref_clipped(0.2, 0.2, 6.0 * 8), abs=1e-6)
-    out, _ = _run(ClippedPolicyLoss(0.2, 0.2, TIS, agg="seq_sum_norm"))       # defaults: local rows, batch's T
+    out, _ = _run(ClippedPolicyLoss(0.2, 0.2, TIS, agg="seq_sum_norm", empty_rows="include"))   # local rows, T
     assert out.loss.item() == pytest.approx(_ref_clipped(0.2, 0.2, 3.0 * 3), abs=1e-6)
+    # the default rule: rows with at least one valid token (row 2 is empty)
+    out, _ = _run(ClippedPolicyLoss(0.2, 0.2, TIS, agg="dr_grpo", max_tokens=8), **{ROW_COUNT: 6.0, SEQ_COUNT: 4.0})
+    assert out.loss.item() == pytest.approx(_ref_clipped(0.2, 0.2, 4.0 * 8), abs=1e-6)
+    out, _ = _run(ClippedPolicyLoss(0.2, 0.2, TIS, agg="seq-mean-token-sum-norm"))
+    assert out.loss.item() == pytest.approx(_ref_clipped(0.2, 0.2, 2.0 * 3), abs=1e-6)
 
 
 def _ref_gspo(low: float, high: float, seqs: float) -> float:
@@ -151,7 +159,7 @@ def test_kl_penalty(kind: str) -> None:
     assert out.loss.item() == pytest.approx(_ref_clipped(0.2, 0.2, 5.0) + 0.1 * kl, abs=1e-6)
     assert kl_estimate(torch.zeros(2), torch.zeros(2), kind).abs().max() == 0
     _, loss = resolve(TrainerConfig(kl={"coef": 0.1, "estimator": kind}))
-    assert isinstance(loss, KlPenalizedLoss) and loss.estimator == kind
+    assert isinstance(loss.inner, KlPenalizedLoss) and loss.inner.estimator == kind
 
 
 @pytest.mark.parametrize("loss_fn", [ClippedPolicyLoss(), GspoLoss(), SftLoss(),

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
+from rlfleet.batch_invariant import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
 from services.rollout.engines import kv_cache
 from services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
@@ -63,11 +64,15 @@ class TorchEngine:
 
     def __init__(self, model_path: str | Path, max_batch_size: int = 64, device: str = "cpu",
                  dtype: str | None = None, seed: int = 0, eos_token_ids: Iterable[int] | None = None,
-                 weight_version: int = 0) -> None:
-        """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config."""
+                 weight_version: int = 0, on_policy: bool = False) -> None:
+        """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config.
+        on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
+        rlfleet.batch_invariant, so the logprobs equal the trainer's recomputation bitwise (no compiled decode)."""
+        self.on_policy = on_policy
         try:
             self.model = AutoModelForCausalLM.from_pretrained(
-                str(model_path), dtype=DTYPES[dtype] if dtype else "auto", use_safetensors=True).to(device)
+                str(model_path), dtype=DTYPES[dtype] if dtype else "auto", use_safetensors=True,
+                **load_kwargs(on_policy)).to(device)
         except (OSError, ValueError) as exc:
             raise EngineError(f"cannot load a causal LM from {model_path}: {exc}") from exc
         self.model.eval()
@@ -249,7 +254,7 @@ class TorchEngine:
                     self._fail_all(exc, admitted)
 
     def _step(self, admitted: list[_Request]) -> None:
-        with torch.inference_mode():
+        with torch.inference_mode(), batch_invariant(self.on_policy):
             if admitted:
                 self._prefill(admitted)
             if self._running:

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlfleet.batch_invariant import invariant_call, load_kwargs
 from rlfleet.config import Config
 from rlfleet.sample import Sample
 from services.trainer import checkpoint
@@ -96,7 +97,8 @@ class FsdpBackend:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         t = cfg.trainer
         self.publish_dtype = DTYPES[cfg.model.dtype]
-        model = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32,
+                                                     **load_kwargs(t.on_policy))
         model.to(device)
         if t.lora.rank:                  # before the hook, so a hook sees the model that trains
             apply_lora(model, t.lora.rank, t.lora.alpha, t.lora.targets, seed=cfg.run.seed)
@@ -114,6 +116,8 @@ class FsdpBackend:
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self.forward = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens, pad_id=self.pad_id,
                                compute_dtype=self.compute_dtype) if t.packing.enabled else None
+        if t.on_policy:                 # true on-policy: the engine's batch-invariant kernels (rlfleet.batch_invariant)
+            self.forward = partial(invariant_call, self.forward or forward_logprobs)
         self.reference = FrozenScorer(cfg.model_path, device, self._shard, self._forward) if t.kl.coef > 0 else None
         self.teacher = None
         if needs_teacher(t):

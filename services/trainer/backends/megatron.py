@@ -68,6 +68,8 @@ def unsupported(cfg: Config) -> list[str]:
         "trainer.kl.coef > 0": getattr(getattr(t, "kl", None), "coef", 0.0) > 0,
         f"trainer.algorithm {t.algorithm} (a critic)": needs_critic(t),
         f"trainer.algorithm {t.algorithm} (a teacher model)": needs_teacher(t),
+        "trainer.on_policy": getattr(t, "on_policy", False),
+        "trainer.policy_loss.entropy_coef > 0": getattr(getattr(t, "policy_loss", None), "entropy_coef", 0.0) > 0,
     }
     return [name for name, used in checks.items() if used]
 
