@@ -81,3 +81,24 @@ def test_rank_arithmetic_refuses_a_layout_that_cannot_be() -> None:
         pod_ranks(8, pods=8, ranks_per_pod=8)
     with pytest.raises(RankLayoutError, match="not an integer"):
         pod_from_env({"RLFLEET_POD_INDEX": "trainer-0", "RLFLEET_RANKS_PER_POD": "8", "WORLD_SIZE": "64"})
+
+
+def test_gpu_rollout_pods_run_sglang_tensor_parallel_over_their_gpus() -> None:
+    from rlfleet.config import parse_config
+
+    objects = render(scenario_values("gpu-64gpus-2racks"))
+    cm = next(o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-config"))
+    cfg = parse_config(yaml.safe_load(cm["data"]["config.yaml"]), "rendered")
+    rollout = next(o for o in by_kind(objects, "Deployment")
+                   if o["metadata"]["labels"].get("app.kubernetes.io/component") == "rollout")
+    gpus = int(pod_spec(rollout)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    assert cfg.rollout.engine == "sglang" and cfg.rollout.sglang.tp == gpus == 8
+    assert cfg.rollout.sglang.python == "/usr/local/bin/python", "the CUDA image's python carries SGLang"
+    assert cfg.rollout.sglang.mem_fraction_static == 0.85
+    mine = render({**scenario_values("gpu-64gpus-2racks"),
+                   "runConfig": {**scenario_values("gpu-64gpus-2racks")["runConfig"],
+                                 "rollout": {**scenario_values("gpu-64gpus-2racks")["runConfig"]["rollout"],
+                                             "sglang": {"tp": 4, "max_total_tokens": 262144}}}})
+    cm = next(o for o in by_kind(mine, "ConfigMap") if o["metadata"]["name"].endswith("-config"))
+    sg = parse_config(yaml.safe_load(cm["data"]["config.yaml"]), "rendered").rollout.sglang
+    assert (sg.tp, sg.max_total_tokens) == (4, 262144), "the run config's own settings win"
