@@ -30,6 +30,7 @@ from rlfleet.sample import Sample
 from services.trainer import checkpoint
 from services.trainer.algorithms import needs_critic, needs_teacher
 from services.trainer.aux_models import FrozenScorer
+from services.trainer.backends.shard_loading import build_meta_model, load_shards
 from services.trainer.batch import forward_logprobs
 from services.trainer.critic import Critic
 from services.trainer.hooks import call_hooks
@@ -97,9 +98,15 @@ class FsdpBackend:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         t = cfg.trainer
         self.publish_dtype = DTYPES[cfg.model.dtype]
-        model = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32,
-                                                     **load_kwargs(t.on_policy))
-        model.to(device)
+        # Meta-device build + per-rank shard reads (backends/shard_loading.py) unless the model must exist whole
+        # before sharding: LoRA adapters are initialised on it, and after_model_init hooks see it.
+        self.loaded_by_shards = not t.lora.rank and not hooks
+        if self.loaded_by_shards:
+            model = build_meta_model(cfg.model_path, **load_kwargs(t.on_policy))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32,
+                                                         **load_kwargs(t.on_policy))
+            model.to(device)
         if t.lora.rank:                  # before the hook, so a hook sees the model that trains
             apply_lora(model, t.lora.rank, t.lora.alpha, t.lora.targets, seed=cfg.run.seed)
         call_hooks(hooks, "after_model_init", model)
@@ -110,6 +117,8 @@ class FsdpBackend:
         self.mesh = init_device_mesh(device.type, (world_size,))
         self.compute_dtype = compute_dtype(t.precision, device)
         self.model = self._shard(model)
+        if self.loaded_by_shards:
+            load_shards(self.model, cfg.model_path, rank, world_size, device)
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr,
                                            betas=tuple(t.betas), weight_decay=t.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, t.scheduler, t.steps)
