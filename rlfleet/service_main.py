@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlfleet.config import Config, ConfigError, load_config
-from rlfleet.rpc import read_token
+from rlfleet.security.credentials import load_credential
+from rlfleet.security.identity import Credential
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class ServiceArgs:
     config_path: Path
     listen: str | None
     metrics_port: int
-    token: str | None
+    token: Credential                 # Identity (mtls), run token (token) or None (none)
     extra: argparse.Namespace
 
 
@@ -49,13 +50,10 @@ def parse_service_args(name: str, argv: list[str] | None = None,
                         format=f"%(asctime)s {name} %(levelname)s %(message)s")
     try:
         cfg = load_config(ns.config)
-        token = read_token(cfg.security.token_file) if cfg.security.mode == "token" else None
+        token = load_credential(cfg.security, name)
     except (ConfigError, OSError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if cfg.security.mode == "token" and not token:
-        print(f"{name}: security.mode is 'token' but no token (security.token_file or RLFLEET_TOKEN)", file=sys.stderr)
-        raise SystemExit(2)
     return ServiceArgs(config=cfg, config_path=Path(ns.config), listen=ns.listen, metrics_port=ns.metrics_port,
                        token=token, extra=ns)
 
