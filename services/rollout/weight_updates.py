@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import torch
 
-from rlfleet.security.signing import Verifier, verify_weights
+from rlfleet.security.signing import SignatureError, Verifier, verify_weights
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.rollout.engines.base import Engine
 from services.weight_sync.manifest import digest_of
@@ -94,6 +94,8 @@ class WeightUpdater:
             except Exception as exc:  # noqa: BLE001 - any failure keeps the previous version serving
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("weight version %d, attempt %d failed: %s", manifest.version, attempt, error)
+                if isinstance(exc, SignatureError):      # forged or unsigned: fetching again cannot help
+                    break
         self.failures += 1
         return weights_pb2.UpdateResult(replica_id=self.replica_id, version=self.engine.weight_version, ok=False,
                                         error=error, digest=self.digest, seconds=time.monotonic() - start)

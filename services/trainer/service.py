@@ -126,7 +126,7 @@ class Trainer:
         for name in ("buffer", "weight_sync"):
             address = getattr(cfg.endpoints, name)
             try:
-                wait_healthy(address, timeout=PEER_STARTUP_WAIT)
+                wait_healthy(address, timeout=PEER_STARTUP_WAIT, token=self.token)
             except TimeoutError as exc:
                 server.stop(0)
                 raise RuntimeError(f"{name} at {address} is not reachable: {exc}") from None
