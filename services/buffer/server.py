@@ -12,6 +12,7 @@ from rlfleet.config import Config
 from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
 from rlfleet.rpc import Server
+from rlfleet.sample_limits import model_limits
 from rlfleet.service_main import listen_address, parse_service_args, serve_until, stop_on_signals
 from services.buffer.core import BufferCore
 from services.buffer.filters import load_filters
@@ -31,7 +32,8 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
     end = time.monotonic() + patience
     while True:
         try:
-            return BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics)
+            return BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics,
+                              limits=model_limits(cfg.model_path), version_lead=cfg.security.version_lead)
         except StoreError as exc:
             if time.monotonic() > end:
                 raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle                      # for its exception type only: nothing here calls pickle.load
+import pickle  # for its exception type only: nothing here calls pickle.load
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass

@@ -13,7 +13,7 @@ ROLE_NAMES = {"trainer": "trainer-0", "rollout": "rollout-0", "buffer": "buffer"
 
 
 @dataclass(frozen=True)
-class TestPki:
+class RunPki:
     ca: CertAuthority
     foreign: CertAuthority
     good: dict[str, Identity]          # role -> identity under the run CA
@@ -26,10 +26,10 @@ def _identity(ca: CertAuthority, trust: CertAuthority, role: str, name: str, **k
     return Identity(role=role, name=name, key_pem=got.key_pem, cert_pem=got.cert_pem, ca_pem=trust.cert_pem)
 
 
-def make_pki() -> TestPki:
+def make_pki() -> RunPki:
     ca, foreign = create_ca(), create_ca("another CA")
     past = dt.datetime.now(dt.UTC) - dt.timedelta(days=3)
-    return TestPki(
+    return RunPki(
         ca=ca, foreign=foreign,
         good={r: _identity(ca, ca, r, n) for r, n in ROLE_NAMES.items()},
         wrong_ca={r: _identity(foreign, ca, r, n) for r, n in ROLE_NAMES.items()},
