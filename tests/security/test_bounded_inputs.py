@@ -60,9 +60,9 @@ def pki() -> RunPki:
     return make_pki()
 
 
-@pytest.fixture()
-def buffer(tmp_path: Path, pki: RunPki) -> Iterator[tuple[str, BufferCore]]:
-    settings = BufferSettings(capacity=64, group_size=2, groups_per_step=1, steps=100, max_staleness=100,
+@pytest.fixture(params=[64])
+def buffer(request: pytest.FixtureRequest, tmp_path: Path, pki: RunPki) -> Iterator[tuple[str, BufferCore]]:
+    settings = BufferSettings(capacity=request.param, group_size=2, groups_per_step=1, steps=100, max_staleness=100,
                               lease_seconds=60.0, min_valid_per_group=1)
     core = BufferCore(EmbeddedStore(tmp_path / "buffer", fsync="always"), settings,
                       limits=SampleLimits(vocab_size=VOCAB, num_experts=EXPERTS), version_lead=1)
@@ -105,12 +105,15 @@ def test_steps_and_versions_out_of_bounds_are_refused(buffer: tuple[str, BufferC
         assert stub.Stats(buffer_pb2.StatsRequest(), timeout=5).finished is False     # the run was not ended
 
 
+@pytest.mark.parametrize("buffer", [4], indirect=True)
 def test_long_polls_leave_threads_for_the_trainer(buffer: tuple[str, BufferCore], pki: RunPki) -> None:
-    """200 waiting Claims (every group issued, so each waits): GetBatch and Stats still answer at once."""
+    """200 Claims that wait (capacity 4: two groups in flight, then every Claim waits for room): GetBatch and Stats
+    still answer at once, and the caller's cap refuses what it cannot hold."""
     address, _ = buffer
     with channel(address, pki.good["rollout"]) as rch, channel(address, pki.good["trainer"]) as tch:
         rollout = buffer_pb2_grpc.BufferStub(rch)
-        rollout.Claim(buffer_pb2.ClaimRequest(replica_id="rollout-0", max_groups=64), timeout=5)  # all of the gate
+        first = rollout.Claim(buffer_pb2.ClaimRequest(replica_id="rollout-0", max_groups=64), timeout=5)
+        assert len(first.tickets) == 2                                   # capacity 4: the rest must wait
         codes: list[grpc.StatusCode] = []
         calls = [rollout.Claim.future(buffer_pb2.ClaimRequest(replica_id="rollout-0", max_groups=1, wait_seconds=8),
                                       timeout=10) for _ in range(200)]
@@ -123,7 +126,8 @@ def test_long_polls_leave_threads_for_the_trainer(buffer: tuple[str, BufferCore]
         lock = threading.Lock()
         for c in calls:
             try:
-                c.result()
+                reply = c.result()
+                assert not reply.tickets and reply.reason.startswith("capacity")       # waited, then timed out
                 code = grpc.StatusCode.OK
             except grpc.RpcError as exc:
                 code = exc.code()
