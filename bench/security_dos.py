@@ -80,7 +80,7 @@ def flood(address: str, make_channel) -> list[str]:  # type: ignore[no-untyped-d
 
 def latencies(stub: buffer_pb2_grpc.BufferStub, n: int = 20) -> tuple[float, float]:
     out = []
-    for i in range(n):
+    for _ in range(n):
         t0 = time.perf_counter()
         stub.Stats(buffer_pb2.StatsRequest(), timeout=10)
         stub.GetBatch(buffer_pb2.GetBatchRequest(step=0, policy_version=0, wait_seconds=0), timeout=10)
