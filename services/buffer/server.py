@@ -42,7 +42,8 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
 
 
 def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
-    server = Server(bind, token, max_workers=64)     # Claim/Put/GetBatch may each hold a worker while waiting
+    server = Server(bind, token, max_workers=64,     # Claim/Put/GetBatch may each hold a worker while waiting
+                    max_receive_bytes=2 * core.settings.max_sample_bytes)   # a Put of the largest sample, and more
     server.add(add_to_server, BufferService(core), SERVICE_NAME)
     server.start()
     return server

@@ -19,6 +19,7 @@ from rlfleet.config import Config, ConfigError
 from rlfleet.metrics import JsonlLog, TrainerMetrics, serve_metrics
 from rlfleet.plugins import load_hooks
 from rlfleet.rpc import Server, wait_healthy
+from rlfleet.security.signing import Signer, weight_verifier
 from rlfleet.service_main import listen_address
 from rlfleet.v1 import buffer_pb2, trainer_pb2_grpc
 from services.trainer import checkpoint
@@ -32,6 +33,7 @@ from services.trainer.backends import (
 )
 from services.trainer.backends.fsdp import init_distributed, trainer_device
 from services.trainer.batch import rank_groups
+from services.trainer.checkpoint_seal import latest_sealed, seal
 from services.trainer.clients import BufferClient, WeightSyncClient
 from services.trainer.collectives import all_reduce_sum, broadcast_bytes
 from services.trainer.evaluation import Evaluator
@@ -145,7 +147,7 @@ class Trainer:
                 log.warning("%s holds checkpoints but run.resume is false: starting from the model at step 0",
                             self.run_dir)
             return 0
-        info = checkpoint.latest(self.run_dir)
+        info = latest_sealed(self.run_dir, weight_verifier(self.cfg.security))   # only what this run's trainer signed
         if info is None:
             log.info("run.resume is set but %s holds no complete checkpoint: starting at step 0", self.run_dir)
             return 0
@@ -175,6 +177,8 @@ class Trainer:
     def _checkpoint(self, backend: Any, step: int) -> None:
         path = save_checkpoint(backend, self.run_dir, step, self.version, self.device,
                                self.cfg.trainer.keep_checkpoints)
+        if self.rank == 0 and self.cfg.security.signing_key:
+            seal(path, Signer.from_file(self.cfg.security.signing_key))
         call_hooks(self.hooks, "after_save", step, str(path))
         if self.leader:
             acked = self.leader.buffer.ack(step)

@@ -112,3 +112,28 @@ def test_planted_non_tensor_item_is_loaded_weights_only(tmp_path: Path, group: N
     with pytest.raises(checkpoint.CheckpointError, match="Weights only load failed"):
         checkpoint.load(found, fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-3), torch.device("cpu"))
     assert not marker.exists()
+
+
+def test_resume_takes_only_checkpoints_the_trainer_sealed(tmp_path: Path, group: None) -> None:
+    from rlfleet.security.signing import Signer, Verifier, generate_signing_key
+    from services.trainer.checkpoint_seal import latest_sealed, seal
+
+    generate_signing_key(tmp_path / "k", tmp_path / "k.pub")
+    signer, verifier = Signer.from_file(tmp_path / "k"), Verifier.from_file(tmp_path / "k.pub")
+    model, opt = _model()
+    genuine = checkpoint.save(tmp_path, 3, 1, model, opt, torch.device("cpu"), keep=5)
+    seal(genuine, signer)
+    planted = checkpoint.step_dir(tmp_path, 999)
+    for p in checkpoint._files(genuine):
+        dest = planted / p.relative_to(genuine)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(p.read_bytes())
+    meta = json.loads((planted / checkpoint.META).read_text())
+    (planted / checkpoint.META).write_text(json.dumps({**meta, "step": 999}))
+    _rehash(planted)                                   # checksums agree, the copied seal does not
+    assert checkpoint.latest(tmp_path).step == 999     # type: ignore[union-attr]
+    found = latest_sealed(tmp_path, verifier)
+    assert found is not None and found.step == 3
+    (genuine / checkpoint.META).write_text(json.dumps({**meta, "version": 77}))
+    _rehash(genuine)
+    assert latest_sealed(tmp_path, verifier) is None   # an edited file breaks the seal
