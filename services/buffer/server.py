@@ -13,6 +13,7 @@ from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
 from rlfleet.rpc import Server
 from rlfleet.sample_limits import model_limits
+from rlfleet.security.scrub import redis_url_with_credentials
 from rlfleet.service_main import listen_address, parse_service_args, serve_until, stop_on_signals
 from services.buffer.core import BufferCore
 from services.buffer.filters import load_filters
@@ -52,6 +53,10 @@ def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
 def main(argv: list[str] | None = None) -> int:
     args = parse_service_args("buffer", argv)
     cfg = args.config
+    if args.redis_auth.get("RLFLEET_REDIS_PASSWORD_FILE"):     # the chart's ACL user; the password stays in memory
+        url = redis_url_with_credentials(cfg.buffer.redis_url, args.redis_auth.get("RLFLEET_REDIS_USERNAME"),
+                                         args.redis_auth["RLFLEET_REDIS_PASSWORD_FILE"])
+        cfg = cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"redis_url": url})})
     registry = CollectorRegistry()
     try:
         core = build_core(cfg, registry)
