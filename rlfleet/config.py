@@ -199,6 +199,7 @@ class SecurityConfig(_Section):
     signing_key: str | None = None            # Ed25519 private key (PEM) signing weights/checkpoints: trainer only
     signing_public_key: str | None = None     # its public key: replicas and the trainer refuse what it did not sign
     version_lead: int = Field(1, ge=0)        # Put/Claim weight_version may lead the trainer's policy version by this
+    metrics_bind: str = "127.0.0.1"           # where /metrics listens (the chart sets 0.0.0.0 for Prometheus)
 
 
 class EndpointsConfig(_Section):

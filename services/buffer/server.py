@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_on_signals()
     bind = listen_address(cfg.endpoints.buffer, args.listen)
     server = start_server(core, bind, args.token)
-    serve_metrics(registry, args.metrics_port)
+    serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
     jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
     log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, server.port)
 

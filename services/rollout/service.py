@@ -92,7 +92,7 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
     stop = threading.Event()
     registry = CollectorRegistry()
     metrics = RolloutMetrics(registry, replica_id)
-    serve_metrics(registry, args.metrics_port)
+    serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
     ws_channel = channel(cfg.endpoints.weight_sync, args.token)
     buffer_channel = channel(cfg.endpoints.buffer, args.token)
     ws_stub = weight_sync_pb2_grpc.WeightSyncStub(ws_channel)

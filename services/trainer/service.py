@@ -124,7 +124,7 @@ class Trainer:
         server.start()
         registry = CollectorRegistry()
         prom = TrainerMetrics(registry)
-        serve_metrics(registry, self.metrics_port)
+        serve_metrics(registry, self.metrics_port, cfg.security.metrics_bind)
         for name in ("buffer", "weight_sync"):
             address = getattr(cfg.endpoints, name)
             try:
