@@ -115,8 +115,8 @@ def test_long_polls_leave_threads_for_the_trainer(buffer: tuple[str, BufferCore]
         first = rollout.Claim(buffer_pb2.ClaimRequest(replica_id="rollout-0", max_groups=64), timeout=5)
         assert len(first.tickets) == 2                                   # capacity 4: the rest must wait
         codes: list[grpc.StatusCode] = []
-        calls = [rollout.Claim.future(buffer_pb2.ClaimRequest(replica_id="rollout-0", max_groups=1, wait_seconds=8),
-                                      timeout=10) for _ in range(200)]
+        calls = [rollout.Claim.future(buffer_pb2.ClaimRequest(replica_id="rollout-0", max_groups=1, wait_seconds=3),
+                                      timeout=6) for _ in range(200)]
         time.sleep(1.0)
         trainer = buffer_pb2_grpc.BufferStub(tch)
         t0 = time.monotonic()
