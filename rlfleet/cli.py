@@ -36,12 +36,26 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser("check", help="validate CONFIG and import every plugin it names")
     p_check.add_argument("config")
     p_check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p_scale = sub.add_parser("scale", help="change the rollout replica count of a live local run")
+    p_scale.add_argument("run_dir", help="the run folder (run.dir) of a live `rlfleet run`")
+    p_scale.add_argument("target", help="rollout=N")
+    p_scale.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the run to settle")
     p_convert = sub.add_parser("convert", help="export a trainer checkpoint's policy as an HF safetensors folder")
     p_convert.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N")
     p_convert.add_argument("out_dir")
     p_convert.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    if ns.command == "scale":
+        from rlfleet.scaling import ScaleError, scale
+
+        try:
+            status = scale(Path(ns.run_dir), ns.target, ns.timeout)
+        except ScaleError as exc:
+            print(f"rlfleet scale: {exc}", file=sys.stderr)
+            return 2
+        print(f"rollout replicas: {len(status.running)} ({', '.join(status.running)})")
+        return 0
     if ns.command == "convert":
         from rlfleet.convert import ConvertError, convert
 

@@ -37,6 +37,15 @@ class SamplingConfig(_Section):
     max_new_tokens: int = Field(64, ge=1)
 
 
+class EngineHealthConfig(_Section):
+    """A replica's health follows its engine: after `failures` failed checks `interval` seconds apart (a dead
+    server refuses at once; a frozen one times out after 3 s) the replica turns NOT_SERVING and exits to be
+    replaced. Worst-case detection of a frozen SGLang server: failures * (interval + 3 s)."""
+
+    interval: float = Field(2.0, gt=0)
+    failures: int = Field(3, ge=1)
+
+
 class RolloutConfig(_Section):
     replicas: int = Field(1, ge=1)
     engine: Literal["torch", "sglang"] = "torch"
@@ -52,6 +61,10 @@ class RolloutConfig(_Section):
     # on a weight update, in-flight generations: "continue" in place (each token records the version that produced
     # it) or "retract" (dropped from the engine and regenerated from the prompt under the new weights)
     partial_rollouts: Literal["continue", "retract"] = "continue"
+    health: EngineHealthConfig = EngineHealthConfig()
+    # on SIGTERM (scaled away, pod deleted): stop claiming, let the groups in flight finish for up to this many
+    # seconds, then hand the rest back to the buffer (re-queued at once) and exit
+    drain_seconds: float = Field(30.0, ge=0)
 
 
 class BufferConfig(_Section):

@@ -24,6 +24,7 @@ from rlfleet.preflight import check_plugins
 from rlfleet.processes import Child, exit_reason
 from rlfleet.report import MetricsTail, Progress, format_summary, reward_curve, summarize
 from rlfleet.rpc import channel, wait_healthy
+from rlfleet.scaling import ReplicaStatus, read_request, write_status
 from rlfleet.security.credentials import load_credential
 from rlfleet.security.run_material import child_identity_env, prepare_security
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
@@ -105,6 +106,9 @@ class LocalRun:
         self.children: list[Child] = []
         self.max_replica_restarts = max_replica_restarts
         self.restarts: dict[str, int] = {}
+        self.leaving: dict[str, float] = {}            # replicas scaled away: name -> monotonic time of SIGTERM
+        self.next_replica = cfg.rollout.replicas          # index of the next replica `rlfleet scale` adds
+        self.scale_request = ""                           # id of the scale request carried out last
         self._specs: dict[str, tuple[str, list[str], dict[str, str] | None]] = {}
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p)
@@ -153,9 +157,59 @@ class LocalRun:
                 **threads, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.trainer.world_size),
                 "MASTER_ADDR": host, "MASTER_PORT": port})
         for i in range(cfg.rollout.replicas):
-            self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)], threads)
+            self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)], self._replica_env())
         self._write_processes()
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
+
+    def _replica_env(self) -> dict[str, str]:
+        threads = str(self.cfg.trainer.threads)
+        return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+
+    # -- scaling rollout mid-run (rlfleet/scaling.py) ----------------------------------------------------------------
+
+    def replicas(self) -> list[str]:
+        return [c.name for c in self.children if c.name.startswith("rollout-") and c.name not in self.leaving]
+
+    def scale_rollout(self, desired: int) -> None:
+        """Start replicas up to `desired`, or send the newest ones SIGTERM (they drain, hand back and exit)."""
+        running = sorted(self.replicas(), key=lambda n: int(n.split("-")[1]))
+        for _ in range(desired - len(running)):
+            index, self.next_replica = self.next_replica, self.next_replica + 1
+            port = free_ports(1)[0]
+            self._start(f"rollout-{index}", "services.rollout",
+                        ["--replica-index", str(index), "--listen", f"127.0.0.1:{port}"], self._replica_env())
+            log.info("scale: started rollout-%d on port %d", index, port)
+        for name in running[desired:][::-1] if desired < len(running) else []:
+            child = next(c for c in self.children if c.name == name)
+            child.terminate()
+            self.leaving[name] = time.monotonic()
+            log.info("scale: rollout %s leaves (draining)", name)
+        self._write_processes()
+
+    def reconcile_scale(self) -> None:
+        """Carry out a new `rlfleet scale` request; report the replicas in replicas.json."""
+        req = read_request(self.run_dir)
+        if req is not None and req.id != self.scale_request:
+            self.scale_request = req.id
+            print(f"rlfleet: scaling rollout to {req.rollout} replicas", file=sys.stderr)
+            self.scale_rollout(req.rollout)
+        drain_limit = self.cfg.rollout.drain_seconds + 30.0
+        for name, since in list(self.leaving.items()):
+            child = next((c for c in self.children if c.name == name), None)
+            if child is None or child.returncode is not None:
+                if child is not None:
+                    child.stop()
+                    self.children.remove(child)
+                del self.leaving[name]
+                self._write_processes()
+                log.info("scale: %s left", name)
+            elif time.monotonic() - since > drain_limit:
+                log.warning("scale: %s did not drain in %.0fs; killing it", name, drain_limit)
+                child.stop(grace=0.0)
+        if self.scale_request:
+            write_status(self.run_dir, ReplicaStatus(request=self.scale_request, desired=len(self.replicas()),
+                                                     running=tuple(self.replicas()),
+                                                     leaving=tuple(self.leaving)))
 
     def _wait(self, addresses: list[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -194,6 +248,8 @@ class LocalRun:
     def _check_children(self, trainer_done: bool = False) -> None:
         for child in list(self.children):
             code = child.returncode
+            if child.name in self.leaving:
+                continue                    # scaled away: reconcile_scale collects it
             if code is None or (code == 0 and (trainer_done or child.name.startswith("rollout"))):
                 continue
             if code == 0 and child.name.startswith("trainer"):
@@ -244,6 +300,7 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
               f"{resolved.run_dir / 'logs'}", file=sys.stderr)
         local.start()
         while not local.trainer_finished():
+            local.reconcile_scale()
             local._check_children()
             progress.update(tail.read())
             time.sleep(0.5)

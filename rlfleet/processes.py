@@ -50,6 +50,14 @@ class Child:
             return ""
         return "\n".join(text.rstrip().splitlines()[-lines:])
 
+    def terminate(self) -> None:
+        """SIGTERM the child's process group and return at once (it drains and exits in its own time)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the child's whole process group, SIGKILL after grace seconds."""
         if self.proc.poll() is None:

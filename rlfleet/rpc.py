@@ -107,8 +107,13 @@ class Server:
 
     def start(self) -> None:
         self.grpc.start()
+        self.set_serving(True)
+
+    def set_serving(self, serving: bool) -> None:
+        """What grpc.health.v1 answers for the server and each of its services (probes, the launcher's wait)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self._names]:
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            self.health.set(name, status)
 
     def stop(self, grace: float = 1.0) -> None:
         self.health.enter_graceful_shutdown()

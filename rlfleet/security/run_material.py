@@ -10,7 +10,7 @@ from typing import Any
 from rlfleet.config import Config
 from rlfleet.security.credentials import NO_AUTH_WARNING
 from rlfleet.security.identity import IDENTITY_ENV
-from rlfleet.security.pki import create_run_pki
+from rlfleet.security.pki import cert_paths, create_run_pki, issue_into
 from rlfleet.security.secret_files import write_secret
 from rlfleet.security.signing import generate_signing_key
 
@@ -60,5 +60,11 @@ def prepare_security(cfg: Config, run_dir: Path) -> dict[str, Any]:
 
 
 def child_identity_env(cfg: Config, name: str) -> dict[str, str]:
-    """The environment naming which certificate a child process presents (mtls mode)."""
-    return {IDENTITY_ENV: name} if cfg.security.mode == "mtls" else {}
+    """The environment naming which certificate a child process presents (mtls mode); a rollout replica added
+    after start-up (`rlfleet scale`) gets its certificate issued here."""
+    if cfg.security.mode != "mtls":
+        return {}
+    pki = Path(cfg.security.pki_dir) if cfg.security.pki_dir else None
+    if pki is not None and name.startswith("rollout-") and not cert_paths(pki, name)[0].exists():
+        issue_into(pki, "rollout", name)
+    return {IDENTITY_ENV: name}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from rlfleet.service_main import parse_service_args
+from services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT
 from services.rollout.service import run_replica
 
 
@@ -15,11 +17,19 @@ def main(argv: list[str] | None = None) -> int:
         (("--replica-id",), {"default": None, "help": "name in the buffer and weight sync (default rollout-I)"}),
     ])
     try:
-        return run_replica(args)
+        code = run_replica(args)
     except Exception as exc:
         logging.getLogger("services.rollout").exception("replica failed")
         print(f"rollout: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         raise SystemExit(1) from exc
+    if code == ENGINE_UNHEALTHY_EXIT:
+        # Requests to a frozen engine may block their threads for minutes; interpreter exit would join them.
+        # Everything durable is already done (samples are in the buffer; held groups go back on the next Claim).
+        logging.shutdown()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from rlfleet.service_main import ServiceArgs, listen_address, serve_until
 from rlfleet.v1 import rollout_pb2_grpc, weight_sync_pb2_grpc
 from services.rollout.context import ServiceContext
 from services.rollout.convert import sampling_from_config
+from services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
 from services.rollout.engines import make_engine
 from services.rollout.engines.base import Engine
 from services.rollout.partial import with_partial_rollouts
@@ -127,20 +128,36 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
     log.info("replica %s serving on port %d (engine %s, weight version %d)", replica_id, server.port, engine.name,
              engine.weight_version)
     terminated = threading.Event()
+    engine_lost = threading.Event()
+
+    def on_engine_lost(reason: str) -> None:
+        log.error("%s: giving up so that this replica is replaced (its groups are re-queued by its successor)",
+                  reason)
+        engine_lost.set()
+        stop.set()
+        terminated.set()              # ends serve_until once the run's claims are over, too
+
+    EngineWatch(engine, WatchSettings(cfg.rollout.health.interval, cfg.rollout.health.failures), server.set_serving,
+                on_engine_lost, stop).start()
 
     def on_sigterm(signum: int, frame: Any) -> None:
         terminated.set()
-        stop.set()
+        work.begin_drain()              # the main thread drains once work.run() returns
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_sigterm)
     try:
         finished = work.run()
+        if not finished and terminated.is_set() and not engine_lost.is_set():
+            work.drain(cfg.rollout.drain_seconds)
+            log.info("replica %s drained and leaves", replica_id)
+            return 0
         if finished and not terminated.is_set():
             # The trainer still evaluates through Generate and waits for replicas to fetch the final version.
             log.info("run finished: no more claims; serving Generate and weight updates until SIGTERM")
             serve_until(terminated)
-            return 0
+            if not engine_lost.is_set():
+                return 0
     finally:
         stop.set()
         work.close()
@@ -149,6 +166,9 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
         server.stop(grace=1.0)
         ws_channel.close()
         buffer_channel.close()
+    if engine_lost.is_set():
+        print(f"rollout: replica {replica_id}: its engine stopped serving", file=sys.stderr)
+        return ENGINE_UNHEALTHY_EXIT
     if terminated.is_set():
         log.info("terminated by SIGTERM; unfinished groups are re-queued by the buffer when their lease expires")
         return 143

@@ -89,15 +89,16 @@ class WorkLoop:
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
         self._restarted = True          # the first Claim re-queues what an earlier process of this replica held
+        self._draining = threading.Event()
 
     @property
     def in_flight_groups(self) -> int:
         return len(self._in_flight)
 
     def run(self) -> bool:
-        """Serve until Claim says the run is finished (True) or stop is set (False)."""
+        """Serve until Claim says the run is finished (True), or stop is set or a drain begins (False)."""
         backoff = 0.5
-        while not self._stop.is_set():
+        while not (self._stop.is_set() or self._draining.is_set()):
             free = max(0, self._s.claim_groups - self.in_flight_groups)
             try:
                 reply = self._claim(free) if free else self._poll()
@@ -121,6 +122,30 @@ class WorkLoop:
             for t in reply.tickets:
                 self._start(GroupTicket(group_id=t.group_id, prompt_index=t.prompt_index, group_size=t.group_size))
         return False
+
+    def begin_drain(self) -> None:
+        """Claim no more work (run() returns); the groups in flight go on until drain() decides."""
+        self._draining.set()
+        self._slot_free.set()           # end a poll in progress at once
+
+    def drain(self, seconds: float) -> int:
+        """Let the groups in flight finish for up to `seconds`, then hand the rest back to the buffer: one Claim
+        that asks for nothing with `restarted` set re-queues every group this replica id holds, at once (their
+        late Puts are refused as superseded). Returns the number of groups handed back."""
+        deadline = time.monotonic() + seconds
+        while self.in_flight_groups and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.05)
+        left = self.in_flight_groups
+        if left:
+            self._restarted = True
+            try:
+                self._claim(0)
+            except grpc.RpcError as exc:
+                log.warning("drain: could not hand %d groups back (%s); the buffer re-queues them when their "
+                            "lease expires", left, exc.code())
+            self.abort_groups()
+        log.info("drained: %d groups handed back to the buffer", left)
+        return left
 
     def _claim(self, max_groups: int) -> buffer_pb2.ClaimReply:
         reply = self._stub.Claim(self._request(max_groups), timeout=self._s.claim_wait + self._s.deadline_slack)

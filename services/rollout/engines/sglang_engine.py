@@ -179,8 +179,12 @@ class SGLangEngine:
             return EngineStats(running=running, waiting=len(self._in_flight) - running,
                                generated_tokens=self._generated, finished=self._finished)
 
-    def healthy(self) -> bool:
-        return self.client.healthy()
+    def healthy(self, timeout: float = 3.0) -> bool:
+        """The server process (when this engine owns it) is alive and answers /health within `timeout` seconds:
+        a dead server refuses at once, a frozen one (SIGSTOP, a wedged scheduler) times out."""
+        if self._stopped or (self._server is not None and not self._server.alive()):
+            return False
+        return self.client.healthy(timeout=timeout)
 
     # ---- weights ------------------------------------------------------------------------------------------------
 
@@ -273,10 +277,11 @@ class SGLangEngine:
     def shutdown(self) -> None:
         with self._lock:
             self._stopped = True
-        if self._server is None or self._server.alive():
+        answers = (self._server is None or self._server.alive()) and self.client.healthy(timeout=2.0)
+        if answers:                       # a frozen or dead server is not asked anything on the way out
             self.abort_in_flight(wait=5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._server is None or self._server.alive():
+        if answers:
             self._drop_group()
         if self._server is not None:
             self._server.stop()

@@ -216,6 +216,10 @@ class TorchEngine:
         return EngineStats(running=len(self._running), waiting=len(self._waiting), generated_tokens=self._generated,
                            finished=self._finished)
 
+    def healthy(self) -> bool:
+        """The decode loop thread is alive and the engine is not shut down."""
+        return self._thread.is_alive() and not self._stopped
+
     def shutdown(self) -> None:
         with self._cv:
             self._stopped = True
