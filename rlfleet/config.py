@@ -299,8 +299,15 @@ class DashboardsConfig(_Section):
 
 
 class SecurityConfig(_Section):
-    mode: Literal["token", "none"] = "token"  # "none" only for explicit local experiments
-    token_file: str | None = None             # the launcher writes a fresh one in the run folder
+    # mtls: a run CA and a certificate per component, roles per RPC (rlfleet/security); token: one shared token,
+    # no roles, no TLS; none: nothing (explicit local experiments only; every service warns)
+    mode: Literal["mtls", "token", "none"] = "mtls"
+    token_file: str | None = None             # token mode: the launcher writes a fresh one in the run folder
+    pki_dir: str | None = None                # mtls: ca.crt, NAME.crt, NAME.key (0600); the launcher makes them
+    signing_key: str | None = None            # Ed25519 private key (PEM) signing weights/checkpoints: trainer only
+    signing_public_key: str | None = None     # its public key: replicas and the trainer refuse what it did not sign
+    version_lead: int = Field(1, ge=0)        # Put/Claim weight_version may lead the trainer's policy version by this
+    metrics_bind: str = "127.0.0.1"           # where /metrics listens (the chart sets 0.0.0.0 for Prometheus)
 
 
 class EndpointsConfig(_Section):

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from rlfleet.atomic import write_text_atomic
+from rlfleet.security.safe_unpickle import SafeFileSystemReader, SafeLoadPlanner
 
 MODEL_PREFIX = "model."
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,7 +33,7 @@ def read_policy_state(ckpt: Path) -> dict[str, torch.Tensor]:
     state_dir = ckpt / "state"
     if not (ckpt / "meta.json").is_file() or not state_dir.is_dir():
         raise ConvertError(f"{ckpt} is not a trainer checkpoint (meta.json and state/ expected)")
-    metadata = dcp.FileSystemReader(str(state_dir)).read_metadata()
+    metadata = SafeFileSystemReader(str(state_dir)).read_metadata()
     model: dict[str, torch.Tensor] = {}
     for key, entry in metadata.state_dict_metadata.items():
         if key.startswith(MODEL_PREFIX) and isinstance(entry, TensorStorageMetadata):
@@ -40,7 +41,7 @@ def read_policy_state(ckpt: Path) -> dict[str, torch.Tensor]:
     if not model:
         raise ConvertError(f"{ckpt} holds no model tensors")
     state = {"model": model}
-    dcp.load(state, checkpoint_id=str(state_dir), no_dist=True)
+    dcp.load(state, storage_reader=SafeFileSystemReader(str(state_dir)), planner=SafeLoadPlanner(), no_dist=True)
     return state["model"]
 
 

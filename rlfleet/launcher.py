@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -24,8 +23,10 @@ from rlfleet.ports import free_ports
 from rlfleet.preflight import check_run
 from rlfleet.processes import Child, exit_reason
 from rlfleet.report import MetricsTail, Progress, format_summary, reward_curve, summarize
-from rlfleet.rpc import channel, read_token, wait_healthy
+from rlfleet.rpc import channel, wait_healthy
 from rlfleet.scaling import ReplicaStatus, read_request, write_status
+from rlfleet.security.credentials import load_credential
+from rlfleet.security.run_material import child_identity_env, prepare_security
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 
 log = logging.getLogger("rlfleet.launcher")
@@ -57,14 +58,8 @@ def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
         for f in STATE_FILES:
             (run_dir / f).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    security = cfg.security.model_dump()
-    if cfg.security.mode == "token" and not cfg.security.token_file:
-        token_file = run_dir / "run.token"
-        token_file.write_text(secrets.token_urlsafe(32))
-        token_file.chmod(0o600)
-        security["token_file"] = str(token_file.resolve())
     data = cfg.model_dump(mode="json")
-    data["security"] = security
+    data["security"] = prepare_security(cfg, run_dir)      # run CA + certificates, signing key, or the token
     data["run"]["resume"] = bool(resume or cfg.run.resume)
     data["run"]["dir"] = str(run_dir.resolve())
     data["model"]["path"] = str(cfg.model_path.resolve())
@@ -137,10 +132,12 @@ class LocalRun:
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p)
         self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.env.setdefault("HF_HUB_OFFLINE", "1")        # model.path is a local folder: never wait on a hub
+        self.operator = load_credential(cfg.security, "operator", name="operator")   # the launcher's own identity
 
     def _start(self, name: str, module: str, extra: list[str], env: dict[str, str] | None = None) -> Child:
         args = ["-m", module, "--config", str(self.config_path), *extra]
-        child = Child(name, args, self.run_dir / "logs" / f"{name}.log", {**self.env, **(env or {})})
+        child = Child(name, args, self.run_dir / "logs" / f"{name}.log",
+                      {**self.env, **(env or {}), **child_identity_env(self.cfg, name)})
         self.children.append(child)
         self._specs[name] = (module, extra, env)
         return child
@@ -240,7 +237,7 @@ class LocalRun:
                 if self._finished(addr):
                     break                   # a short run can end before the launcher gets to ask
                 try:
-                    wait_healthy(addr, timeout=2.0)
+                    wait_healthy(addr, timeout=2.0, token=self.operator)
                     break
                 except TimeoutError:
                     if time.monotonic() > deadline:
@@ -285,9 +282,8 @@ class LocalRun:
         return all(c.returncode == 0 for c in trainers)
 
     def buffer_stats(self) -> dict[str, Any] | None:
-        token = read_token(self.cfg.security.token_file) if self.cfg.security.mode == "token" else None
         try:
-            with channel(self.cfg.endpoints.buffer, token) as ch:
+            with channel(self.cfg.endpoints.buffer, self.operator) as ch:
                 stats = buffer_pb2_grpc.BufferStub(ch).Stats(buffer_pb2.StatsRequest(), timeout=5.0)
         except grpc.RpcError:
             return None

@@ -12,10 +12,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from rlfleet.security.authz import Authorizer, Limits
+from rlfleet.security.identity import Credential, Identity
+
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024       # weight chunks and large batches; every server and channel sets it
 DEFAULT_DEADLINE = 30.0                      # seconds, for unary control calls
 _AUTH_KEY = "authorization"
 _UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)   # kubelet gRPC probes send no metadata
+SERVER_RECEIVE_BYTES = 32 * 1024 * 1024      # what a server reads per request: no request carries weights
 
 _OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -24,7 +28,7 @@ _OPTIONS = [
 ]
 
 
-def read_token(token_file: str | None) -> str | None:
+def read_token(token_file: str | None) -> str | None:  # kept for callers; see rlfleet.security.credentials
     """The shared run token, or None in explicit no-auth mode. RLFLEET_TOKEN overrides the file."""
     if os.environ.get("RLFLEET_TOKEN"):
         return os.environ["RLFLEET_TOKEN"]
@@ -67,16 +71,32 @@ class _TokenAuthInterceptor(grpc.ServerInterceptor):
         return self._deny_unary
 
 
-class Server:
-    """A gRPC server with the health service registered and serving once started."""
+def _server_credentials(identity: Identity) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(identity.key_pem, identity.cert_pem)], root_certificates=identity.ca_pem,
+                                       require_client_auth=True)
 
-    def __init__(self, bind: str, token: str | None, max_workers: int = 16) -> None:
-        interceptors = [_TokenAuthInterceptor(token)] if token else []
+
+class Server:
+    """A gRPC server with the health service registered and serving once started.
+
+    `token` is the credential: an Identity (mTLS, roles per method), a str (shared run token) or None (no auth).
+    Requests over `max_receive_bytes` are refused before they are read; long polls and each caller get a capped
+    share of the `max_workers` threads (rlfleet.security.authz).
+    """
+
+    def __init__(self, bind: str, token: Credential, max_workers: int = 16,
+                 max_receive_bytes: int = SERVER_RECEIVE_BYTES) -> None:
+        limits = Limits(per_caller=max(2, max_workers // 4), long_polls=max(1, max_workers - max(4, max_workers // 4)))
+        mtls = isinstance(token, Identity)
+        interceptors: list[grpc.ServerInterceptor] = [] if mtls or not token else [_TokenAuthInterceptor(str(token))]
+        interceptors.append(Authorizer(limits, authenticate=mtls))
+        options = list({**dict(_OPTIONS), "grpc.max_receive_message_length": max_receive_bytes}.items())
         self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
-                                options=_OPTIONS)
+                                options=options)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        self.port = self.grpc.add_insecure_port(bind)
+        self.port = (self.grpc.add_secure_port(bind, _server_credentials(token)) if isinstance(token, Identity)
+                     else self.grpc.add_insecure_port(bind))
         if self.port == 0:
             raise OSError(f"cannot bind gRPC server to {bind}")
         self._names: list[str] = []
@@ -136,20 +156,24 @@ class _CallDetails(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
-def channel(address: str, token: str | None) -> grpc.Channel:
-    """An insecure loopback/cluster channel that attaches the run token to every call."""
+def channel(address: str, token: Credential) -> grpc.Channel:
+    """A channel presenting `token`: an Identity (mTLS, the server verified against the run CA), a run token
+    attached to every call (insecure transport), or nothing."""
+    if isinstance(token, Identity):
+        creds = grpc.ssl_channel_credentials(token.ca_pem, token.key_pem, token.cert_pem)
+        return grpc.secure_channel(address, creds, options=_OPTIONS)
     ch = grpc.insecure_channel(address, options=_OPTIONS)
     if token:
         ch = grpc.intercept_channel(ch, _ClientAuthInterceptor(token))
     return ch
 
 
-def wait_healthy(address: str, timeout: float = 60.0, service: str = "") -> None:
-    """Block until the server at address reports SERVING, or raise TimeoutError."""
+def wait_healthy(address: str, timeout: float = 60.0, service: str = "", token: Credential = None) -> None:
+    """Block until the server at address reports SERVING, or raise TimeoutError. An mTLS server needs an Identity."""
     import time
 
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as ch:
+    with channel(address, token) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         last: Exception | None = None
         while time.monotonic() < deadline:

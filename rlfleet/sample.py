@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlfleet.packing import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32, unpack_u8
+from rlfleet.sample_limits import LOGPROB_TOLERANCE, SampleLimits
 from rlfleet.v1 import sample_pb2
 
 
@@ -142,8 +143,11 @@ def sample_key(group_id: str, index: int) -> str:
 _STATUSES = frozenset(int(s) for s in Status)
 
 
-def validate_message(msg: sample_pb2.Sample) -> None:
-    """Raise SampleError when a Sample message is malformed. Cheap: each bytes field is read once, none decoded."""
+def validate_message(msg: sample_pb2.Sample, limits: SampleLimits | None = None) -> None:
+    """Raise SampleError when a Sample message is malformed or out of bounds, naming the field.
+
+    Cheap: each bytes field is read once as a numpy view. `limits`: vocabulary, expert count, newest version.
+    """
     if not msg.group_id:
         raise SampleError("group_id is empty")
     if msg.group_size == 0 or msg.index >= msg.group_size:
@@ -181,3 +185,38 @@ def validate_message(msg: sample_pb2.Sample) -> None:
             raise SampleError("routed_experts size disagrees with response length")
         if re.free_rows and len(re.free_rows) != tokens:
             raise SampleError("routed_experts.free_rows disagrees with response length")
+    _check_bounds(msg, limits or SampleLimits())
+
+
+def _check_bounds(msg: sample_pb2.Sample, limits: SampleLimits) -> None:
+    for name in ("prompt_ids", "response_ids"):
+        ids = np.frombuffer(getattr(msg, name), dtype="<i4")
+        if ids.size and int(ids.min()) < 0:
+            raise SampleError(f"{name} holds a negative token id ({int(ids.min())})")
+        if limits.vocab_size is not None and ids.size and int(ids.max()) >= limits.vocab_size:
+            raise SampleError(f"{name} holds token id {int(ids.max())}, outside the vocabulary of {limits.vocab_size}")
+    mask = np.frombuffer(msg.loss_mask, dtype=np.uint8)
+    if mask.size and int(mask.max()) > 1:
+        raise SampleError(f"loss_mask holds {int(mask.max())}; entries must be 0 or 1")
+    if msg.status != sample_pb2.SAMPLE_STATUS_FAILED and msg.rollout_logprobs:
+        lp = np.frombuffer(msg.rollout_logprobs, dtype="<f4")
+        if float(lp.max()) > LOGPROB_TOLERANCE:
+            raise SampleError(f"rollout_logprobs holds {float(lp.max())}; a log-probability is <= 0")
+    if msg.teacher_logprobs:
+        tl = np.frombuffer(msg.teacher_logprobs, dtype="<f4")
+        if not np.isfinite(tl).all() or float(tl.max()) > LOGPROB_TOLERANCE:
+            raise SampleError("teacher_logprobs must be finite and <= 0")
+    if limits.max_weight_version is not None:
+        newest = limits.max_weight_version
+        if msg.weight_version > newest:
+            raise SampleError(f"weight_version {msg.weight_version} is newer than any published version ({newest})")
+        if msg.token_versions:
+            tv = np.frombuffer(msg.token_versions, dtype="<i4")
+            if int(tv.min()) < 0 or int(tv.max()) > newest:
+                raise SampleError(f"token_versions outside 0..{newest} (the published versions)")
+    if limits.num_experts is not None and msg.HasField("routed_experts") and msg.routed_experts.ids:
+        re = msg.routed_experts
+        ids = np.frombuffer(re.ids, dtype=np.uint8 if re.bits == 8 else "<u2")
+        if int(ids.max()) >= limits.num_experts:
+            raise SampleError(f"routed_experts.ids holds expert {int(ids.max())}, outside the model's "
+                              f"{limits.num_experts} experts")

@@ -9,11 +9,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlfleet.config import Config, ConfigError, load_config
-from rlfleet.rpc import read_token
+from rlfleet.security.credentials import load_credential
+from rlfleet.security.identity import Credential
+from rlfleet.security.scrub import scrub_environment
 
 
 @dataclass(frozen=True)
@@ -22,8 +24,9 @@ class ServiceArgs:
     config_path: Path
     listen: str | None
     metrics_port: int
-    token: str | None
+    token: Credential                 # Identity (mtls), run token (token) or None (none)
     extra: argparse.Namespace
+    redis_auth: dict[str, str] = field(default_factory=dict)   # buffer: RLFLEET_REDIS_* read before the scrub
 
 
 def listen_address(endpoint: str, override: str | None) -> str:
@@ -49,15 +52,14 @@ def parse_service_args(name: str, argv: list[str] | None = None,
                         format=f"%(asctime)s {name} %(levelname)s %(message)s")
     try:
         cfg = load_config(ns.config)
-        token = read_token(cfg.security.token_file) if cfg.security.mode == "token" else None
+        token = load_credential(cfg.security, name)
     except (ConfigError, OSError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if cfg.security.mode == "token" and not token:
-        print(f"{name}: security.mode is 'token' but no token (security.token_file or RLFLEET_TOKEN)", file=sys.stderr)
-        raise SystemExit(2)
+    secrets = scrub_environment()          # reward/tool plugins and child processes (SGLang) never see them
+    redis_env = {k: v for k, v in secrets.items() if k.startswith("RLFLEET_REDIS_")}
     return ServiceArgs(config=cfg, config_path=Path(ns.config), listen=ns.listen, metrics_port=ns.metrics_port,
-                       token=token, extra=ns)
+                       token=token, extra=ns, redis_auth=redis_env)
 
 
 def stop_on_signals() -> threading.Event:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/weights.proto\x12\nrlfleet.v1\"x\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\r\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0e\n\x06nbytes\x18\x06 \x01(\x04\x12\r\n\x05xxh64\x18\x07 \x01(\t\"\xce\x02\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12\x14\n\x0c\x62ucket_bytes\x18\x05 \x01(\x04\x12(\n\x07tensors\x18\x06 \x03(\x0b\x32\x17.rlfleet.v1.TensorEntry\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x08 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_only\x18\t \x01(\x08\x12\x13\n\x0bnum_buckets\x18\n \x01(\r\x12\x38\n\x07options\x18\x0b \x03(\x0b\x32\'.rlfleet.v1.WeightManifest.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"~\n\x0cUpdateResult\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\x12\r\n\x05\x62ytes\x18\x07 \x01(\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/weights.proto\x12\nrlfleet.v1\"\x88\x01\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\r\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0e\n\x06nbytes\x18\x06 \x01(\x04\x12\r\n\x05xxh64\x18\x07 \x01(\t\x12\x0e\n\x06\x62lake3\x18\x08 \x01(\t\"\xe1\x02\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12\x14\n\x0c\x62ucket_bytes\x18\x05 \x01(\x04\x12(\n\x07tensors\x18\x06 \x03(\x0b\x32\x17.rlfleet.v1.TensorEntry\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x08 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_only\x18\t \x01(\x08\x12\x13\n\x0bnum_buckets\x18\n \x01(\r\x12\x38\n\x07options\x18\x0b \x03(\x0b\x32\'.rlfleet.v1.WeightManifest.OptionsEntry\x12\x11\n\tsignature\x18\x0c \x01(\x0c\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"~\n\x0cUpdateResult\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\x12\r\n\x05\x62ytes\x18\x07 \x01(\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WEIGHTMANIFEST_OPTIONSENTRY']._loaded_options = None
   _globals['_WEIGHTMANIFEST_OPTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_TENSORENTRY']._serialized_start=40
-  _globals['_TENSORENTRY']._serialized_end=160
-  _globals['_WEIGHTMANIFEST']._serialized_start=163
-  _globals['_WEIGHTMANIFEST']._serialized_end=497
-  _globals['_WEIGHTMANIFEST_OPTIONSENTRY']._serialized_start=451
-  _globals['_WEIGHTMANIFEST_OPTIONSENTRY']._serialized_end=497
-  _globals['_UPDATERESULT']._serialized_start=499
-  _globals['_UPDATERESULT']._serialized_end=625
+  _globals['_TENSORENTRY']._serialized_start=41
+  _globals['_TENSORENTRY']._serialized_end=177
+  _globals['_WEIGHTMANIFEST']._serialized_start=180
+  _globals['_WEIGHTMANIFEST']._serialized_end=533
+  _globals['_WEIGHTMANIFEST_OPTIONSENTRY']._serialized_start=487
+  _globals['_WEIGHTMANIFEST_OPTIONSENTRY']._serialized_end=533
+  _globals['_UPDATERESULT']._serialized_start=535
+  _globals['_UPDATERESULT']._serialized_end=661
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TensorEntry(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "bucket", "offset", "nbytes", "xxh64")
+    __slots__ = ("name", "dtype", "shape", "bucket", "offset", "nbytes", "xxh64", "blake3")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class TensorEntry(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     XXH64_FIELD_NUMBER: _ClassVar[int]
+    BLAKE3_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -22,10 +23,11 @@ class TensorEntry(_message.Message):
     offset: int
     nbytes: int
     xxh64: str
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., xxh64: _Optional[str] = ...) -> None: ...
+    blake3: str
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., xxh64: _Optional[str] = ..., blake3: _Optional[str] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "step", "transport", "endpoint", "bucket_bytes", "tensors", "total_bytes", "digest", "adapter_only", "num_buckets", "options")
+    __slots__ = ("version", "step", "transport", "endpoint", "bucket_bytes", "tensors", "total_bytes", "digest", "adapter_only", "num_buckets", "options", "signature")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +46,7 @@ class WeightManifest(_message.Message):
     ADAPTER_ONLY_FIELD_NUMBER: _ClassVar[int]
     NUM_BUCKETS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     version: int
     step: int
     transport: str
@@ -55,7 +58,8 @@ class WeightManifest(_message.Message):
     adapter_only: bool
     num_buckets: int
     options: _containers.ScalarMap[str, str]
-    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., transport: _Optional[str] = ..., endpoint: _Optional[str] = ..., bucket_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., adapter_only: _Optional[bool] = ..., num_buckets: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., transport: _Optional[str] = ..., endpoint: _Optional[str] = ..., bucket_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., adapter_only: _Optional[bool] = ..., num_buckets: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class UpdateResult(_message.Message):
     __slots__ = ("replica_id", "version", "ok", "error", "digest", "seconds", "bytes")

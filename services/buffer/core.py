@@ -21,12 +21,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlfleet.metrics import BufferMetrics
 from rlfleet.sample import SampleError, validate_message
+from rlfleet.sample_limits import SampleLimits
 from rlfleet.v1 import buffer_pb2, sample_pb2
-from services.buffer.errors import BufferFull, InvalidSample, StepCommitted, UnknownGroup
+from services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.filters import GroupFilter
 from services.buffer.gate import Gate
 from services.buffer.grouping import close_group
@@ -78,8 +79,10 @@ class BufferCore:
     """The buffer's state machine over a Store. Thread-safe."""
 
     def __init__(self, store: Store, settings: BufferSettings, filters: Sequence[GroupFilter] = (),
-                 metrics: BufferMetrics | None = None, clock: Callable[[], float] = time.time) -> None:
+                 metrics: BufferMetrics | None = None, clock: Callable[[], float] = time.time,
+                 limits: SampleLimits | None = None, version_lead: int | None = None) -> None:
         self.store, self.settings, self.filters = store, settings, list(filters)
+        self.limits, self.version_lead = limits or SampleLimits(), version_lead   # lead None: versions unbounded
         self.metrics, self.clock = metrics, clock
         self.gate = Gate.of(settings.groups_per_step, settings.over_sample, settings.publish_every,
                             settings.max_staleness)
@@ -225,10 +228,17 @@ class BufferCore:
             raise InvalidSample(f"sample {msg.group_id}/{msg.index} is {len(raw)} bytes, over the limit of "
                                 f"{self.settings.max_sample_bytes}")
         try:
-            validate_message(msg)
+            validate_message(msg, self._limits())
         except SampleError as exc:
             raise InvalidSample(f"sample {msg.group_id}/{msg.index}: {exc}") from None
         return raw
+
+    def _newest_version(self) -> int | None:
+        """The newest weight version a caller may name: the trainer's policy version plus the allowed lead."""
+        return None if self.version_lead is None else self.state.policy_version + self.version_lead
+
+    def _limits(self) -> SampleLimits:
+        return replace(self.limits, max_weight_version=self._newest_version())
 
     def _split_cancelled(self, pairs: list[tuple[sample_pb2.Sample, bytes]]
                          ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], list[Discard], int]:
@@ -298,6 +308,10 @@ class BufferCore:
                     return self._batch(step, st.batches[step].gids, redelivered=True)
                 if step <= st.committed_step:
                     raise StepCommitted(f"step {step} is already committed (committed_step {st.committed_step})")
+                newest = self._newest_version()
+                if newest is not None and policy_version > newest:
+                    raise InvalidRequest(f"policy_version {policy_version} is more than {self.version_lead} ahead "
+                                         f"of the last one reported ({st.policy_version})")
                 muts: list[Mutation] = [] if policy_version == st.policy_version else [Policy(policy_version)]
                 stale, take = self._pick(n, policy_version)
                 if stale:
@@ -357,6 +371,9 @@ class BufferCore:
         with self._cond:
             self._ensure_loaded()
             st = self.state
+            delivered = max(st.batches, default=st.committed_step)
+            if committed_step > max(delivered, st.committed_step):
+                raise InvalidRequest(f"committed_step {committed_step} is past the last delivered step {delivered}")
             steps = sorted(s for s in st.batches if s <= committed_step)
             if not steps and committed_step <= st.committed_step:
                 return 0

@@ -21,3 +21,8 @@ class BufferFull(BufferRefusal):
 
 class StepCommitted(BufferRefusal):
     """GetBatch for a step that is already acknowledged (FAILED_PRECONDITION)."""
+
+
+class InvalidRequest(BufferRefusal):
+    """A request naming a step or version out of bounds: past the delivered steps, ahead of published versions
+    (INVALID_ARGUMENT)."""

@@ -12,6 +12,8 @@ from rlfleet.config import Config
 from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
 from rlfleet.rpc import Server
+from rlfleet.sample_limits import model_limits
+from rlfleet.security.scrub import redis_url_with_credentials
 from rlfleet.service_main import listen_address, parse_service_args, serve_until, stop_on_signals
 from services.buffer.core import BufferCore
 from services.buffer.filters import load_filters
@@ -31,7 +33,8 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
     end = time.monotonic() + patience
     while True:
         try:
-            return BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics)
+            return BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics,
+                              limits=model_limits(cfg.model_path), version_lead=cfg.security.version_lead)
         except StoreError as exc:
             if time.monotonic() > end:
                 raise
@@ -40,7 +43,8 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
 
 
 def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
-    server = Server(bind, token, max_workers=64)     # Claim/Put/GetBatch may each hold a worker while waiting
+    server = Server(bind, token, max_workers=64,     # Claim/Put/GetBatch may each hold a worker while waiting
+                    max_receive_bytes=2 * core.settings.max_sample_bytes)   # a Put of the largest sample, and more
     server.add(add_to_server, BufferService(core), SERVICE_NAME)
     server.start()
     return server
@@ -49,6 +53,10 @@ def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
 def main(argv: list[str] | None = None) -> int:
     args = parse_service_args("buffer", argv)
     cfg = args.config
+    if args.redis_auth.get("RLFLEET_REDIS_PASSWORD_FILE"):     # the chart's ACL user; the password stays in memory
+        url = redis_url_with_credentials(cfg.buffer.redis_url, args.redis_auth.get("RLFLEET_REDIS_USERNAME"),
+                                         args.redis_auth["RLFLEET_REDIS_PASSWORD_FILE"])
+        cfg = cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"redis_url": url})})
     registry = CollectorRegistry()
     try:
         core = build_core(cfg, registry)
@@ -58,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_on_signals()
     bind = listen_address(cfg.endpoints.buffer, args.listen)
     server = start_server(core, bind, args.token)
-    serve_metrics(registry, args.metrics_port)
+    serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
     jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
     log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, server.port)
 

@@ -14,7 +14,7 @@ import grpc
 
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 from services.buffer.core import BufferCore
-from services.buffer.errors import BufferFull, BufferRefusal, InvalidSample, StepCommitted, UnknownGroup
+from services.buffer.errors import BufferFull, BufferRefusal, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.stores import StoreError
 from services.buffer.wire import encode_batch
 
@@ -23,6 +23,7 @@ SERVICE = "rlfleet.v1.Buffer"
 T = TypeVar("T")
 _CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidSample: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownGroup: grpc.StatusCode.FAILED_PRECONDITION,
     BufferFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     StepCommitted: grpc.StatusCode.FAILED_PRECONDITION,

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from rlfleet.config import load_config
 from rlfleet.metrics import ControllerMetrics, serve_metrics
-from rlfleet.rpc import read_token
+from rlfleet.security.credentials import load_credential
 from services.controller.controller import Controller
 from services.controller.events import EventRecorder
 from services.controller.grpc_progress import GrpcProgress
@@ -33,7 +33,7 @@ def build(settings: Settings, api_client: client.ApiClient, metrics: ControllerM
     progress = None
     if settings.config_path:
         cfg = load_config(settings.config_path)
-        progress = GrpcProgress(cfg, read_token(cfg.security.token_file) if cfg.security.mode == "token" else None)
+        progress = GrpcProgress(cfg, load_credential(cfg.security, "controller", name="controller"))
     runner = RecoveryRunner(kube, events, store, metrics, settings.quarantine_taint, settings.recovery_timeout,
                             tickets_in_flight=progress.tickets_in_flight if progress else None)
     return Controller(settings, kube, store, runner, progress, metrics, time.time)

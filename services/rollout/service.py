@@ -27,6 +27,7 @@ from rlfleet.protocols import DataSource, RolloutFn
 from rlfleet.rewards.scorer import Scorer, load_scorer
 from rlfleet.rpc import Server, channel
 from rlfleet.sample import Sample
+from rlfleet.security.signing import weight_verifier
 from rlfleet.service_main import ServiceArgs, listen_address, serve_until
 from rlfleet.v1 import rollout_pb2_grpc, weight_sync_pb2_grpc
 from services.rollout.context import ServiceContext
@@ -97,14 +98,15 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
     stop = threading.Event()
     registry = CollectorRegistry()
     metrics = RolloutMetrics(registry, replica_id)
-    serve_metrics(registry, args.metrics_port)
+    serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
     ws_channel = channel(cfg.endpoints.weight_sync, args.token)
     buffer_channel = channel(cfg.endpoints.buffer, args.token)
     ws_stub = weight_sync_pb2_grpc.WeightSyncStub(ws_channel)
     if receivers is default_receivers and cfg.weight_sync.transport != "bucketed":
         receivers = transport_receivers(cfg, engine, replica_id, ws_channel)
     updater = WeightUpdater(engine, replica_id, args.token, cfg.weight_sync.update_timeout, receivers=receivers,
-                            ack=lambda r: ws_stub.Ack(r, timeout=30.0), pause_mode=cfg.weight_sync.pause_mode)
+                            ack=lambda r: ws_stub.Ack(r, timeout=30.0), pause_mode=cfg.weight_sync.pause_mode,
+                            verifier=weight_verifier(cfg.security))
     ctx = ServiceContext(replica_id, engine, tokenizer, sampling_from_config(cfg.rollout.sampling), plugins.scorer,
                          run_seed=cfg.run.seed)
     settings = WorkSettings(replica_id=replica_id, run_id=cfg.run.name, claim_groups=cfg.rollout.claim_groups)

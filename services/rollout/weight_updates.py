@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import torch
 
+from rlfleet.security.signing import SignatureError, Verifier, verify_weights
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.rollout.engines.base import Engine
 from services.weight_sync.manifest import digest_of
@@ -53,7 +54,8 @@ PAUSE_MODES = ("in_place", "retract")
 class WeightUpdater:
     def __init__(self, engine: Engine, replica_id: str, token: str | None, timeout: float,
                  receivers: Receivers = default_receivers,
-                 ack: Callable[[weights_pb2.UpdateResult], None] | None = None, pause_mode: str = "in_place") -> None:
+                 ack: Callable[[weights_pb2.UpdateResult], None] | None = None, pause_mode: str = "in_place",
+                 verifier: Verifier | None = None) -> None:
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause_mode must be one of {PAUSE_MODES}, got {pause_mode!r}")
         self.pause_mode = pause_mode
@@ -63,6 +65,7 @@ class WeightUpdater:
         self._timeout = timeout
         self._receivers = receivers
         self._ack = ack
+        self._verifier = verifier            # set: only versions signed by the trainer's key are loaded
         self._lock = threading.Lock()          # one update at a time (subscription and LoadWeights)
         self.digest = ""                       # digest of the last applied version ("" = initial weights)
         self.failures = 0
@@ -91,6 +94,8 @@ class WeightUpdater:
             except Exception as exc:  # noqa: BLE001 - any failure keeps the previous version serving
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("weight version %d, attempt %d failed: %s", manifest.version, attempt, error)
+                if isinstance(exc, SignatureError):      # forged or unsigned: fetching again cannot help
+                    break
         self.failures += 1
         return weights_pb2.UpdateResult(replica_id=self.replica_id, version=self.engine.weight_version, ok=False,
                                         error=error, digest=self.digest, seconds=time.monotonic() - start)
@@ -103,6 +108,8 @@ class WeightUpdater:
             raise WeightMismatchError(f"received {len(got)} tensors, manifest lists {len(names)} (or another order)")
         if digest_of(tensors) != manifest.digest:
             raise WeightMismatchError("received tensors do not hash to the manifest digest")
+        if self._verifier is not None:           # every transport: signature, then BLAKE3 of every tensor
+            verify_weights(manifest, tensors, self._verifier)
         if manifest.adapter_only:        # LoRA: merge W_base + alpha/r * B @ A (services/rollout/engines/lora.py)
             from services.rollout.engines.lora import LoraMerger
             merger = self.__dict__.setdefault("_lora", LoraMerger(self.engine))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle  # for its exception type only: nothing here calls pickle.load
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,9 +22,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import xxhash
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rlfleet.atomic import write_bytes_atomic, write_text_atomic
+from rlfleet.security.safe_unpickle import SafeFileSystemReader, SafeLoadPlanner
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +241,12 @@ def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Op
         raise CheckpointError(error or f"checkpoint {info.path} failed verification on rank 0")
     aux = aux or {}
     state = _dcp_state(model, optimizer, aux)
-    dcp.load(state, checkpoint_id=str(info.path / STATE))
+    reader = SafeFileSystemReader(str(info.path / STATE))
+    try:                        # nothing in the folder is unpickled beyond DCP's metadata types and weights_only items
+        reader.read_metadata()
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
+    except (pickle.UnpicklingError, CheckpointException) as exc:
+        raise CheckpointError(f"checkpoint {info.path} refused: {exc}") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     for name, (m, o) in aux.items():
         set_state_dict(m, o, model_state_dict=state[name], optim_state_dict=state[f"{name}_optim"])

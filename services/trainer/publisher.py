@@ -16,6 +16,7 @@ import torch
 
 from rlfleet.config import Config
 from rlfleet.rpc import channel
+from rlfleet.security.signing import HashingTee, Signer, sign_manifest
 from rlfleet.v1 import weights_pb2
 from services.trainer.clients import WeightSyncClient
 from services.trainer.collectives import all_reduce_max
@@ -60,6 +61,7 @@ class WeightPublisher:
         ws = cfg.weight_sync
         self.weight_sync = weight_sync
         self.device = torch.device(device)            # where the flag all_reduce runs (CUDA under NCCL)
+        self.signer = Signer.from_file(cfg.security.signing_key) if cfg.security.signing_key else None
         self._control = channel(cfg.endpoints.weight_sync, token) if cfg.endpoints.weight_sync else None
         self.transport = resolve_transport(cfg, model_bytes)
         self.endpoint = cfg.endpoints.trainer_data
@@ -101,25 +103,28 @@ class WeightPublisher:
 
         With a ShardedState every other trainer rank must run `follow_publish` at the same time.
         """
-        manifest = self._stage(version, step, state)
+        tee = HashingTee(state if isinstance(state, ShardedState) else list(state.items())) if self.signer else None
+        manifest = self._stage(version, step, state, tee)
         if not manifest.endpoint:
             manifest.endpoint = self.endpoint
         if adapter:                          # LoRA: `state` holds adapter tensors only (rank, alpha, targets)
             manifest.adapter_only = True
             manifest.options.update(adapter)
+        if tee is not None and self.signer is not None:     # BLAKE3 per tensor (seen on the way out), Ed25519
+            sign_manifest(manifest, tee.digests, self.signer)
         subscribers = self.weight_sync.publish(manifest)
         log.info("published version %d over %s (step %d, %d tensors, %d bytes, digest %s) to %d subscribers",
                  version, manifest.transport, step, len(manifest.tensors), manifest.total_bytes, manifest.digest,
                  subscribers)
         return manifest
 
-    def _stage(self, version: int, step: int,
-               state: dict[str, torch.Tensor] | ShardedState) -> weights_pb2.WeightManifest:
+    def _stage(self, version: int, step: int, state: dict[str, torch.Tensor] | ShardedState,
+               tee: HashingTee | None = None) -> weights_pb2.WeightManifest:
         """sender.stage, once more after GroupLost. With a ShardedState each pass ends in the flag all_reduce that
         `follow_publish` waits in: a barrier (every rank's NIXL writes are done before the version is announced)
         and the word on whether the gathers run again."""
         sharded = isinstance(state, ShardedState)
-        items = state if sharded else list(state.items())
+        items = tee if tee is not None else state if sharded else list(state.items())
         for attempt in range(PASSES):
             lost: GroupLost | None = None
             try:

@@ -20,6 +20,7 @@ from rlfleet.dashboards import MetricsLog
 from rlfleet.metrics import TrainerMetrics, serve_metrics
 from rlfleet.plugins import load_hooks
 from rlfleet.rpc import Server, wait_healthy
+from rlfleet.security.signing import Signer, weight_verifier
 from rlfleet.service_main import listen_address
 from rlfleet.v1 import buffer_pb2, trainer_pb2_grpc
 from services.trainer import checkpoint
@@ -34,6 +35,7 @@ from services.trainer.backends import (
 from services.trainer.backends.fsdp import init_distributed, trainer_device
 from services.trainer.batch import rank_groups
 from services.trainer.batch_stats import batch_stats
+from services.trainer.checkpoint_seal import latest_sealed, seal
 from services.trainer.clients import BufferClient, WeightSyncClient
 from services.trainer.collectives import all_reduce_sum, broadcast_bytes
 from services.trainer.evaluation import Evaluator
@@ -126,11 +128,11 @@ class Trainer:
         server.start()
         registry = CollectorRegistry()
         prom = TrainerMetrics(registry)
-        serve_metrics(registry, self.metrics_port)
+        serve_metrics(registry, self.metrics_port, cfg.security.metrics_bind)
         for name in ("buffer", "weight_sync"):
             address = getattr(cfg.endpoints, name)
             try:
-                wait_healthy(address, timeout=PEER_STARTUP_WAIT)
+                wait_healthy(address, timeout=PEER_STARTUP_WAIT, token=self.token)
             except TimeoutError as exc:
                 server.stop(0)
                 raise RuntimeError(f"{name} at {address} is not reachable: {exc}") from None
@@ -149,7 +151,7 @@ class Trainer:
                 log.warning("%s holds checkpoints but run.resume is false: starting from the model at step 0",
                             self.run_dir)
             return 0
-        info = checkpoint.latest(self.run_dir)
+        info = latest_sealed(self.run_dir, weight_verifier(self.cfg.security))   # only what this run's trainer signed
         if info is None:
             log.info("run.resume is set but %s holds no complete checkpoint: starting at step 0", self.run_dir)
             return 0
@@ -179,6 +181,8 @@ class Trainer:
     def _checkpoint(self, backend: Any, step: int) -> None:
         path = save_checkpoint(backend, self.run_dir, step, self.version, self.device,
                                self.cfg.trainer.keep_checkpoints)
+        if self.rank == 0 and self.cfg.security.signing_key:
+            seal(path, Signer.from_file(self.cfg.security.signing_key))
         call_hooks(self.hooks, "after_save", step, str(path))
         if self.leader:
             export_checkpoint(path)                  # hf/model.safetensors: loadable with from_pretrained

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                "rlfleet.v1.WeightSync")
     stop = stop_on_signals()
     server.start()
-    serve_metrics(registry, args.metrics_port)
+    serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
     log.info("serving rlfleet.v1.WeightSync on %s (port %d)", bind, server.port)
     serve_until(stop)
     log.info("stopping")

@@ -154,14 +154,15 @@ def test_network_policies_allow_only_the_run_and_scraping(rendered: dict, scenar
     objects = rendered[scenario]
     policies = by_kind(objects, "NetworkPolicy")
     run_sel = {"app.kubernetes.io/name": "rlfleet", "app.kubernetes.io/instance": "run1"}
-    deny = [p for p in policies if p["spec"]["podSelector"]["matchLabels"] == run_sel
+    deny = [p for p in policies if p["spec"]["podSelector"].get("matchLabels") == run_sel
             and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"} and "ingress" not in p["spec"]
             and "egress" not in p["spec"]]
     assert deny, "a default-deny policy covers every pod of the run"
     for pol in policies:
         for rule in pol["spec"].get("ingress", []):
             for peer in rule.get("from", []):
-                inside = peer.get("podSelector", {}).get("matchLabels") == run_sel and "namespaceSelector" not in peer
+                labels = peer.get("podSelector", {}).get("matchLabels") or {}
+                inside = all(labels.get(k) == v for k, v in run_sel.items()) and "namespaceSelector" not in peer
                 if not inside:
                     assert [p["port"] for p in rule.get("ports", [])] == [9400], pol["metadata"]["name"]
             assert rule.get("from"), "no ingress rule may allow every source"

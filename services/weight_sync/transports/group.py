@@ -27,6 +27,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from rlfleet.security.bound_store import bound_tcp_store
+
 log = logging.getLogger(__name__)
 
 PEER_ID = "trainer"
@@ -94,7 +96,7 @@ class TrainerRendezvous:
         self.expected = expected
         self.device = device
         self.timeout = timeout
-        self.store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False)
+        self.store = bound_tcp_store(host, port, timedelta(seconds=timeout))     # listens on `host` only
         self.address = f"{host}:{self.store.port}"
 
     def joined(self) -> int:

@@ -44,6 +44,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (printf "%s-spare" (include "rlfleet.fullname" .)) .Values.priority.spare.name -}}
 {{- end -}}
 
+{{- define "rlfleet.redisSecret" -}}
+{{- default (printf "%s-redis" (include "rlfleet.fullname" .)) .Values.redis.auth.existingSecret -}}
+{{- end -}}
+
 {{- define "rlfleet.tokenSecret" -}}
 {{- default (printf "%s-token" (include "rlfleet.fullname" .)) .Values.token.existingSecret -}}
 {{- end -}}

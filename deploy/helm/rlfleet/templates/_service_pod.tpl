@@ -32,5 +32,8 @@
   securityContext:
     {{- include "rlfleet.containerSecurityContext" (dict "root" .root "gpu" (gt (int (default 0 .gpus)) 0)) | nindent 4 }}
   volumeMounts:
-    {{- include "rlfleet.volumeMounts" (dict "root" .root "storage" true "gpu" (gt (int (default 0 .gpus)) 0)) | nindent 4 }}
+    {{- include "rlfleet.volumeMounts" (dict "root" .root "storage" true "gpu" (gt (int (default 0 .gpus)) 0) "writeCheckpoints" (eq .module "trainer")) | nindent 4 }}
+    {{- with .extraMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}

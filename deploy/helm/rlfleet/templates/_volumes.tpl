@@ -34,6 +34,13 @@
   readOnly: true
 - name: data
   mountPath: /data
+{{- if not .writeCheckpoints }}
+{{- /* Only trainer pods write checkpoints: everyone else sees the run's checkpoint folder read-only. */}}
+- name: data
+  mountPath: /data/runs/{{ .root.Values.runConfig.run.name }}/checkpoints
+  subPath: runs/{{ .root.Values.runConfig.run.name }}/checkpoints
+  readOnly: true
+{{- end }}
 {{- end }}
 {{- if .gpu }}
 - name: dshm

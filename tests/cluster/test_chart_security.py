@@ -1,0 +1,121 @@
+"""The chart's side doors: Redis behind an ACL user whose password only the buffer pod mounts, reachable from the
+buffer alone; trainer ports from trainer ranks and replicas only; checkpoints writable by trainer pods only.
+The rendered Redis command line is run as a real redis-server to show what it refuses."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from rlfleet.security.scrub import redis_url_with_credentials
+from services.buffer.stores.redis_streams import RedisStore
+from tests.cluster.chart import WORKLOAD_KINDS, all_pod_specs, by_kind, component, pod_spec, render
+from tests.cluster.tools import need_module
+from tests.support.redis_server import free_port
+
+RUN = {"app.kubernetes.io/name": "rlfleet", "app.kubernetes.io/instance": "run1"}
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict]:
+    need_module("helm_python")
+    return render()
+
+
+def _component(labels: dict) -> str | None:
+    return labels.get("app.kubernetes.io/component")
+
+
+def test_redis_password_is_mounted_in_the_buffer_pod_only(objects: list[dict]) -> None:
+    secret = next(s for s in by_kind(objects, "Secret") if s["metadata"]["name"] == "run1-redis")
+    assert secret["data"]["password"]
+    users = []
+    for obj in objects:
+        if obj["kind"] not in WORKLOAD_KINDS:
+            continue
+        for spec in all_pod_specs(obj):
+            vols = [v for v in spec.get("volumes", []) if v.get("secret", {}).get("secretName") == "run1-redis"]
+            envs = [e for c in spec["containers"] for e in c.get("env", [])
+                    if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "run1-redis"]
+            if vols or envs:
+                users.append((obj["metadata"]["name"], bool(vols), bool(envs)))
+    assert sorted(users) == [("run1-buffer", True, False), ("run1-redis", False, True)]
+    with_existing = render({"redis": {"auth": {"existingSecret": "gitops-redis"}}})
+    assert not [s for s in by_kind(with_existing, "Secret") if s["metadata"]["name"] == "run1-redis"]
+    buffer = pod_spec(component(with_existing, "Deployment", "buffer"))
+    assert any(v.get("secret", {}).get("secretName") == "gitops-redis" for v in buffer["volumes"])
+
+
+def test_network_policies_close_redis_and_the_trainer_ports(objects: list[dict]) -> None:
+    policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(objects, "NetworkPolicy")}
+    redis_pol = policies["run1-redis-ingress"]
+    assert redis_pol["podSelector"]["matchLabels"] == {**RUN, "app.kubernetes.io/component": "redis"}
+    assert redis_pol["ingress"] == [{"from": [{"podSelector": {"matchLabels": {
+        **RUN, "app.kubernetes.io/component": "buffer"}}}], "ports": [{"port": 6379, "protocol": "TCP"}]}]
+    open_ingress = policies["run1-in-run-ingress"]
+    assert {"key": "app.kubernetes.io/component", "operator": "NotIn",
+            "values": ["redis", "trainer"]} in open_ingress["podSelector"]["matchExpressions"]
+    trainer = policies["run1-trainer-ingress"]["ingress"]
+    peers = [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in trainer[0]["from"]]
+    assert sorted(peers) == ["rollout", "trainer"] and "ports" not in trainer[0]
+    assert trainer[1]["from"] == [{"podSelector": {"matchLabels": RUN}}]
+    assert trainer[1]["ports"] == [{"port": 50053, "protocol": "TCP"}]
+    known = {"run1-in-run-ingress", "run1-default-deny", "run1-in-run", "run1-scrape", "run1-redis-ingress",
+             "run1-trainer-ingress", "run1-controller-api"}
+    assert set(policies) <= known, set(policies) - known       # no other policy opens a port
+
+
+def test_only_trainer_pods_write_checkpoints(objects: list[dict]) -> None:
+    checked = 0
+    for obj in objects:
+        if obj["kind"] not in WORKLOAD_KINDS:
+            continue
+        for spec in all_pod_specs(obj):
+            comp = _component(obj["metadata"]["labels"])
+            for c in spec["containers"]:
+                mounts = [m for m in c.get("volumeMounts", []) if m["name"] == "data"]
+                if not mounts:
+                    continue
+                ro = [m for m in mounts if m["mountPath"] == "/data/runs/run/checkpoints"]
+                if comp == "trainer":
+                    assert not ro, obj["metadata"]["name"]
+                else:
+                    assert ro and ro[0]["readOnly"] is True and ro[0]["subPath"] == "runs/run/checkpoints", comp
+                checked += 1
+    assert checked >= 4
+
+
+def test_rendered_redis_refuses_everyone_but_the_buffer_user(objects: list[dict], tmp_path: Path) -> None:
+    c = pod_spec(component(objects, "StatefulSet", "redis"))["containers"][0]
+    assert "--protected-mode" not in c["args"]
+    password = "s3cret-from-the-secret"
+    port = free_port()
+    args = [a.replace("$(REDIS_PASSWORD)", password) for a in c["args"]]
+    args[args.index("--dir") + 1] = str(tmp_path)
+    args[args.index("--port") + 1] = str(port)
+    proc = subprocess.Popen(["redis-server", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        anon = redis.Redis(port=port, socket_timeout=5)
+        for _ in range(100):
+            try:
+                assert anon.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            anon.xadd("rlfleet:run:buffer:log", {"x": "1"})                    # raw XADD around Buffer.Put
+        (tmp_path / "password").write_text(password + "\n")
+        url = redis_url_with_credentials(f"redis://127.0.0.1:{port}/0", "buffer", str(tmp_path / "password"))
+        assert password in url
+        store = RedisStore(url, prefix="rlfleet:run:buffer")
+        assert store.load() is not None                                         # the buffer's user works
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis.from_url(url.replace(password, "guess"), socket_timeout=5).ping()
+        store.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
