@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster.chart import CHART, SCENARIOS, render, scenario_values
+from tests.cluster.chart import CHART, SCENARIOS, merge, render, scenario_values
 from tests.cluster.tools import need_module
 
 # Kinds that come from optional CRDs (no upstream schema to validate against); everything else must validate.
-CRD_KINDS = {"JobSet", "LeaderWorkerSet", "ServiceMonitor", "PrometheusRule"}
+CRD_KINDS = {"JobSet", "LeaderWorkerSet", "ServiceMonitor", "PrometheusRule", "ScaledObject"}
 KUBE_VERSIONS = ["1.28.0", "1.37.0"]
 
 
@@ -46,7 +46,7 @@ def test_every_core_object_validates_strictly(rendered: dict[str, list[dict]], s
 
 def test_optional_integrations_render_their_crd_objects(rendered: dict[str, list[dict]]) -> None:
     kinds = {o["kind"] for o in rendered["gpu-integrations"]}
-    assert CRD_KINDS <= kinds
+    assert CRD_KINDS - {"ScaledObject"} <= kinds, "(KEDA replaces the HPA: test_keda_scaled_object)"
     assert "HorizontalPodAutoscaler" in kinds
     plain = {o["kind"] for o in rendered["gpu-64gpus-2racks"]}
     assert not (CRD_KINDS & plain), "CRD objects must be opt-in"
@@ -83,3 +83,23 @@ def test_defaults_render_and_validate() -> None:
     for obj in render():
         if obj["kind"] not in CRD_KINDS:
             kv.validate(obj, "1.37.0", strict=True)
+
+
+def test_keda_scaled_object_owns_the_rollout_count_on_the_buffer_room() -> None:
+    values = merge(scenario_values("gpu-64gpus-2racks"),
+                   {"rollout": {"keda": {"enabled": True, "minReplicas": 2, "maxReplicas": 12}}})
+    objects = render(values)
+    scaled = [o for o in objects if o["kind"] == "ScaledObject"]
+    assert len(scaled) == 1 and not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    spec = scaled[0]["spec"]
+    rollout = next(o for o in objects if o["kind"] == "Deployment"
+                   and o["metadata"]["labels"]["app.kubernetes.io/component"] == "rollout")
+    assert spec["scaleTargetRef"]["name"] == rollout["metadata"]["name"]
+    assert "replicas" not in rollout["spec"], "KEDA owns the replica count"
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 12)
+    trigger = spec["triggers"][0]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"]["query"] == \
+        'max(rlfleet:buffer_free_samples{namespace="team-a",service="run1-buffer"})'
+    with pytest.raises(Exception, match="enable one"):
+        render(merge(values, {"rollout": {"hpa": {"enabled": True}}}))

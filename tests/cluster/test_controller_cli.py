@@ -18,7 +18,7 @@ from tests.cluster.chart import by_kind, component, pod_spec, render  # noqa: E4
 from tests.cluster.tools import need_module  # noqa: E402
 
 
-def test_chart_args_parse_and_the_controller_builds(tmp_path) -> None:
+def test_chart_args_parse_and_the_controller_builds(tmp_path, monkeypatch) -> None:
     need_module("helm_python")
     objects = render({"controller": {"hungAfterSeconds": 1200, "replicaDeadAfterSeconds": 240}})
     container = pod_spec(component(objects, "Deployment", "controller"))["containers"][0]
@@ -27,6 +27,9 @@ def test_chart_args_parse_and_the_controller_builds(tmp_path) -> None:
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(config["data"]["config.yaml"])
     args = [a.replace("/etc/rlfleet/config.yaml", str(cfg_path)) for a in container["args"]]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["RLFLEET_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"   # the pod's credential...
+    monkeypatch.setenv("RLFLEET_TOKEN", "from-the-secret")                        # ...as the pod sees it
     settings = parse_settings([*args, "--identity", "run1-controller-abc"])
     assert settings.namespace == "team-a" and settings.release == "run1"
     assert settings.hung_after == 1200 and settings.replica_dead_after == 240 and settings.metrics_port == 9400
