@@ -17,11 +17,13 @@ dropped as `aborted` too, never stored.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from rlfleet.metrics import BufferMetrics
 from rlfleet.sample import SampleError, validate_message
@@ -34,7 +36,7 @@ from services.buffer.mutations import AckSteps, Add, Cancel, Deliver, Discard, F
 from services.buffer.observe import observe
 from services.buffer.settings import BufferSettings
 from services.buffer.state import Entry, Group, State
-from services.buffer.stores import Store
+from services.buffer.stores import Store, StoreError, Superseded
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,20 @@ def prompt_of(gid: str) -> int | None:
 
 
 STALENESS = "staleness"   # Claim reason prefix: the replica must load newer weights first
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def durable_reply(fn: F) -> F:
+    """A reply waits, after the lock is released, until every commit written so far is durable (store.sync): its
+    own, and any it read. Group commit: concurrent replies share one fsync."""
+
+    @functools.wraps(fn)
+    def wrapper(self: BufferCore, *args: Any, **kwargs: Any) -> Any:
+        out = fn(self, *args, **kwargs)
+        self._settle()
+        return out
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -87,11 +103,14 @@ class BufferCore:
         self._told: set[str] = set()     # cancelled groups some Claim reply has listed (memory only: early wake-ups)
         self.state: State = store.load()
         self._reload = False
+        self._written = 0                 # the token of the last commit appended (store.sync waits for it)
+        self.superseded = threading.Event()   # a newer buffer took over the store: this one must exit
         if metrics is not None:
             metrics.capacity.set(settings.capacity)
             observe(metrics, self.state, [])
 
     # ---- Claim ---------------------------------------------------------------------------------------------------
+    @durable_reply
     def claim(self, replica_id: str, weight_version: int, max_groups: int, wait: float,
               restarted: bool = False, alive: Callable[[], bool] = lambda: True) -> ClaimResult:
         """restarted: the replica's first Claim since it started; tickets its id still holds are re-queued now.
@@ -102,7 +121,7 @@ class BufferCore:
         with self._cond:
             if restarted:
                 self._ensure_loaded()
-                self.release_replica(replica_id)
+                self._release_replica(replica_id)
             while True:
                 self._ensure_loaded()
                 self._forget_cancelled()
@@ -172,11 +191,15 @@ class BufferCore:
                                           lease_seconds=s.lease_seconds) for m in muts]
         return tickets, reason
 
+    @durable_reply
     def release_replica(self, replica_id: str) -> int:
         """Re-queue every unexpired ticket `replica_id` holds (it died): the lease ends now. Returns how many.
 
         Samples already put for those groups are kept; the re-issued ticket carries the same group id.
         """
+        return self._release_replica(replica_id)
+
+    def _release_replica(self, replica_id: str) -> int:
         with self._cond:
             now = self.clock()
             held = sorted((g for g in self.state.open.values() if g.replica == replica_id and g.deadline > now),
@@ -193,6 +216,7 @@ class BufferCore:
         return max(0.01, min(future) - now) if future else 3600.0   # expired ones wait for a state change
 
     # ---- Put -----------------------------------------------------------------------------------------------------
+    @durable_reply
     def put(self, samples: Sequence[sample_pb2.Sample], wait: float) -> PutResult:
         """Store samples durably. Malformed input refuses the whole call. Samples of a cancelled group are not stored:
         counted as dropped (aborted), once per index."""
@@ -287,6 +311,7 @@ class BufferCore:
         return muts
 
     # ---- GetBatch ------------------------------------------------------------------------------------------------
+    @durable_reply
     def get_batch(self, step: int, num_groups: int, policy_version: int, wait: float) -> BatchResult:
         n = num_groups or self.settings.groups_per_step
         end = time.monotonic() + max(0.0, wait)
@@ -353,6 +378,7 @@ class BufferCore:
         return BatchResult(step, [e.data for g in groups for e in g.entries()], list(gids), True, redelivered)
 
     # ---- Ack -----------------------------------------------------------------------------------------------------
+    @durable_reply
     def ack(self, committed_step: int) -> int:
         with self._cond:
             self._ensure_loaded()
@@ -386,16 +412,49 @@ class BufferCore:
 
     # ---- commit, reload, metrics ---------------------------------------------------------------------------------
     def _commit(self, muts: list[Mutation]) -> None:
+        """Write muts (the reply syncs them: durable_reply) and apply them. Called with the lock held."""
         try:
-            self.store.commit(muts, self.state)
-        except Exception:
+            self._written = self.store.append(muts, self.state)
+        except Exception as exc:
             self._reload = True       # the store may or may not hold these; trust only what it holds
+            self._note_superseded(exc)
             raise
         for m in muts:
             self.state.apply(m)
         if self.metrics is not None:
             observe(self.metrics, self.state, muts)
         self._cond.notify_all()
+
+    def _settle(self) -> None:
+        """Wait (without the lock) until the last commit written is durable; on failure reload before the next call."""
+        try:
+            self.store.sync(self._written)
+        except StoreError as exc:
+            with self._cond:
+                self._reload = True
+            self._note_superseded(exc)
+            raise
+
+    def _note_superseded(self, exc: BaseException) -> None:
+        if isinstance(exc, Superseded) and not self.superseded.is_set():
+            log.error("buffer superseded: %s", exc)
+            self.superseded.set()
+
+    def healthy(self) -> bool:
+        """False while the store keeps failing; a failing store is probed with a harmless write to see it recover."""
+        with self._cond:
+            if self.superseded.is_set():
+                return False
+            if self.store.healthy():
+                return True
+            try:
+                ok = self.store.probe()
+            except StoreError as exc:
+                self._note_superseded(exc)
+                return False
+            if ok:
+                self._reload = True        # trust only what the store holds
+            return ok
 
     def _ensure_loaded(self) -> None:
         if self._reload:
