@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 
+from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
 
 from rlfleet.config import Config
@@ -46,6 +48,29 @@ def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
     return server
 
 
+def watch_health(core: BufferCore, server: Server, stop: threading.Event, every: float = 1.0) -> threading.Thread:
+    """Health follows the store: NOT_SERVING while it keeps failing (probed each `every` s, so it returns to SERVING
+    when the disk or Redis does); a superseded buffer (a newer writer epoch) sets stop: it must exit."""
+
+    def loop() -> None:
+        serving = True
+        while not stop.wait(every):
+            ok = core.healthy()
+            if ok != serving:
+                serving = ok
+                status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+                for name in ("", SERVICE_NAME):
+                    server.health.set(name, status)
+                (log.info if ok else log.error)("store %s: health %s", "recovered" if ok else "failing",
+                                                "SERVING" if ok else "NOT_SERVING")
+            if core.superseded.is_set():
+                stop.set()
+
+    thread = threading.Thread(target=loop, name="buffer-health", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_service_args("buffer", argv)
     cfg = args.config
@@ -71,9 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
                      "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
 
+    watch_health(core, server, stop)
     serve_until(stop, write_stats, tick_every=10.0)
     server.stop(grace=2.0)
     core.close()
     jsonl.close()
+    if core.superseded.is_set():
+        print("buffer: superseded by a newer buffer on the same store (writer epoch); exiting", file=sys.stderr)
+        return 3
     log.info("buffer stopped")
     return 0

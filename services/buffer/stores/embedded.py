@@ -115,6 +115,7 @@ class EmbeddedStore:
         self._busy = False                 # an fsync (or a file swap) is in progress
         self.failure: str | None = None    # the last append/sync error, until a later one succeeds
         self.fsyncs = 0                    # fsync calls made (group commit shares them)
+        self.synced_size = 0               # log file size at the last fsync that succeeded (what a power loss keeps)
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
 
@@ -139,7 +140,7 @@ class EmbeddedStore:
                     self._log = AppendLog(self.path, result.end)
             except OSError as exc:
                 raise StoreError(f"buffer log {self.path}: {exc}") from exc
-            self._live_bytes = self._log.size
+            self._live_bytes = self.synced_size = self._log.size   # a torn tail cut: what is left is on disk
             self._compact_after = max(self.compact_min_bytes, 4 * self._live_bytes)
             self._appended = self._durable = self._suspect = max(self._appended, self._suspect)
         if self.fsync == "everysec" and self._syncer is None:
@@ -182,6 +183,7 @@ class EmbeddedStore:
     def _fsync_locked(self) -> None:
         """fsync as the leader: called with _cv held and not busy; releases it during the fsync."""
         target, log_ = self._appended, self._log
+        size = log_.size if log_ is not None else 0
         if log_ is None:
             raise StoreError(f"buffer log {self.path}: closed")
         self._busy = True
@@ -201,6 +203,8 @@ class EmbeddedStore:
             self.failure = f"buffer log {self.path}: fsync: {error}"
             raise StoreError(self.failure) from error
         self._durable = max(self._durable, target)
+        if log_ is self._log:
+            self.synced_size = max(self.synced_size, size)
         if target > self._suspect:
             self.failure = None
 
@@ -251,6 +255,7 @@ class EmbeddedStore:
             old.close()
             with self._cv:
                 self._durable = self._appended       # everything so far is in the fsynced snapshot
+                self.synced_size = new.size
         self._live_bytes = new.size
         self._compact_after = max(self.compact_min_bytes, 4 * self._live_bytes)
 

@@ -64,6 +64,12 @@ def _frame_at(data: bytes | memoryview, pos: int) -> tuple[int, str]:
     return end, ""
 
 
+def body_at(data: bytes, pos: int) -> bytes:
+    """The body of the (intact) frame at pos."""
+    _, length, _ = _HEAD.unpack_from(data, pos)
+    return data[pos + _HEAD.size:pos + _HEAD.size + length]
+
+
 @dataclass(frozen=True)
 class Damage:
     offset: int                        # where the first bad frame starts
