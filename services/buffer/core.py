@@ -21,12 +21,12 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rlfleet.metrics import BufferMetrics
-from rlfleet.sample import SampleError, validate_message
+from rlfleet.sample import SampleError, sample_key, validate_message
 from rlfleet.v1 import buffer_pb2, sample_pb2
 from services.buffer.errors import BufferFull, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.filters import GroupFilter
@@ -391,6 +391,38 @@ class BufferCore:
             self._commit([AckSteps(committed_step, tuple(steps), tuple(g.ready_seq for g in groups),
                                    tuple(e.seq for e in entries), len(entries), len(groups))])
             return len(entries)
+
+    # ---- samples a checkpoint already committed -------------------------------------------------------------------
+    @durable_reply
+    def drop_trained(self, committed: Mapping[str, int]) -> int:
+        """Drop (reason `trained`) every ready or open group holding a sample a trainer checkpoint committed
+        (sample id `gid/index` -> checkpoint step): a store that lost recent records (power loss under a weaker
+        fsync, a salvaged log) would otherwise deliver it again. Returns the samples dropped."""
+        if not committed:
+            return 0
+        with self._cond:
+            self._ensure_loaded()
+            st, until = self.state, self.clock() + self.settings.lease_seconds
+
+            def trained(g: Group) -> bool:
+                return any(sample_key(g.gid, i) in committed for i in g.samples)
+
+            ready = [g for g in st.ready.values() if trained(g)]
+            open_ = sorted((g for g in st.open.values() if trained(g)), key=lambda g: g.prompt_index)
+            muts: list[Mutation] = []
+            if ready:
+                seqs = tuple(e.seq for g in ready for e in g.entries())
+                muts.append(Stale(tuple(g.gid for g in ready), tuple(g.ready_seq for g in ready), seqs, len(seqs),
+                                  "trained"))
+            muts.extend(Cancel(g.gid, until, tuple(sorted(g.samples)), tuple(e.seq for e in g.samples.values()),
+                               "trained") for g in open_)
+            if not muts:
+                return 0
+            self._commit(muts)
+            n = sum(len(g.kept) for g in ready) + sum(len(g.samples) for g in open_)
+            log.warning("dropped %d samples of %d groups a checkpoint already committed (reason: trained): %s", n,
+                        len(ready) + len(open_), ", ".join(g.gid for g in [*ready, *open_][:8]))
+            return n
 
     # ---- Stats ---------------------------------------------------------------------------------------------------
     @property

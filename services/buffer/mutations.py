@@ -68,6 +68,7 @@ class Cancel:
     until: float
     indices: tuple[int, ...]
     sample_seqs: tuple[int, ...]     # samples that leave the store (empty when replayed from a snapshot)
+    reason: str = "aborted"          # what the samples that leave count as (`trained`: a checkpoint committed them)
 
 
 @dataclass(frozen=True)

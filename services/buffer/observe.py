@@ -18,7 +18,7 @@ def observe(m: BufferMetrics, state: State, muts: list[Mutation]) -> None:
         elif isinstance(mut, Stale):
             m.dropped.labels(reason=mut.reason).inc(mut.samples)
         elif isinstance(mut, Cancel):
-            m.dropped.labels(reason="aborted").inc(len(mut.sample_seqs))
+            m.dropped.labels(reason=mut.reason).inc(len(mut.sample_seqs))
         elif isinstance(mut, Discard):
             m.dropped.labels(reason="aborted").inc(len(mut.indices))
         elif isinstance(mut, Deliver):

@@ -21,19 +21,23 @@ from services.buffer.service import SERVICE, BufferService, add_to_server
 from services.buffer.settings import BufferSettings
 from services.buffer.stores import StoreError
 from services.buffer.stores.factory import open_store
+from services.trainer.committed import committed_after
 
 log = logging.getLogger("buffer")
 SERVICE_NAME = SERVICE
 
 
 def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience: float = 30.0) -> BufferCore:
-    """Open the store (retrying while it is unreachable, e.g. Redis still starting) and load the state."""
+    """Open the store (retrying while it is unreachable, e.g. Redis still starting) and load the state; samples the
+    trainer's checkpoints committed after the store's last Ack are dropped (reason `trained`), never delivered."""
     metrics = BufferMetrics(registry) if registry is not None else None
     filters = load_filters(cfg.buffer.filters)
     end = time.monotonic() + patience
     while True:
         try:
-            return BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics)
+            core = BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics)
+            core.drop_trained(committed_after(cfg.run_dir, core.state.committed_step))
+            return core
         except StoreError as exc:
             if time.monotonic() > end:
                 raise

@@ -129,7 +129,7 @@ class State:
             g = self.open.pop(m.gid)
             self.cancelled[m.gid] = Cancelled(m.gid, g.prompt_index, g.group_size, g.replica, m.until, set(m.indices))
             self.cancelled_groups += 1
-            self._count_drops({"aborted": len(m.sample_seqs)})
+            self._count_drops({m.reason: len(m.sample_seqs)})
         elif isinstance(m, Discard):
             self.cancelled[m.gid].counted.update(m.indices)
             self._count_drops({"aborted": len(m.indices)})

@@ -3,6 +3,7 @@ undecodable records, a disk that fills up. Each test drives a real BufferCore ov
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import struct
@@ -13,13 +14,16 @@ from pathlib import Path
 import pytest
 
 from rlfleet.cli import main as rlfleet_main
-from rlfleet.config import BufferConfig
+from rlfleet.config import BufferConfig, load_config
 from services.buffer.core import BufferCore
+from services.buffer.server import build_core
 from services.buffer.settings import BufferSettings
 from services.buffer.state import State
 from services.buffer.stores import StoreError
 from services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
 from tests.integration.test_buffer_contract import make_sample
+from tests.integration.test_buffer_service import write_config
+from tests.support.redis_server import free_port
 
 SETTINGS = BufferSettings(capacity=4096, group_size=2, groups_per_step=1, steps=1000, max_staleness=1000,
                           lease_seconds=600.0, min_valid_per_group=1)
@@ -260,3 +264,41 @@ def test_a_full_disk_fails_calls_then_recovers_when_space_returns(tmp_path: Path
     want = fingerprint(core.state)
     core.close()
     assert fingerprint(open_core(tmp_path).state) == want
+
+
+def _checkpoint(run_dir: Path, step: int, ids_per_rank: list[list[str]]) -> None:
+    """A complete checkpoint folder as the trainer leaves it (meta.json, checksums.json, committed ids per rank)."""
+    path = run_dir / "checkpoints" / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    sums = {}
+    for rank, ids in enumerate(ids_per_rank):
+        name = f"committed_ids_rank{rank:05d}.json"
+        (path / name).write_text(json.dumps(ids))
+        sums[name] = {"bytes": (path / name).stat().st_size}
+    (path / "meta.json").write_text(json.dumps({"step": step, "version": step + 1, "world_size": len(ids_per_rank)}))
+    (path / "checksums.json").write_text(json.dumps(sums))
+
+
+def test_samples_a_checkpoint_committed_are_never_delivered_again(tmp_path: Path) -> None:
+    """The store lost its Deliver and Ack records (power loss under everysec): g0 and g1 are ready again though the
+    trainer's checkpoint at step 1 committed them. On start the buffer reads the committed ids back and drops them."""
+    run_dir = tmp_path / "run"
+    port = free_port()
+    cfg = load_config(write_config(run_dir, port, fsync="everysec"))
+    core = build_core(cfg)
+    fill_ready(core, 3)
+    (t,) = core.claim("r", 0, 1, 0).tickets                   # g3: open, its sample 0 was trained too
+    core.put([make_sample(t.group_id, 0, 2)], 0)
+    core.close()
+    _checkpoint(run_dir, 1, [["g0/0", "g0/1", "g3/0"], ["g1/0", "g1/1"]])
+    _checkpoint(tmp_path / "elsewhere", 0, [["g2/0"]])        # another run's: not read
+    core = build_core(cfg)
+    assert list(core.state.ready) == ["g2"] and "g3" not in core.state.open
+    assert core.state.dropped == {"trained": 5}
+    batch = core.get_batch(0, 1, 0, 0)
+    assert batch.group_ids == ["g2"]
+    assert core.put([make_sample("g3", 1, 2)], 0).cancelled == 1   # a late put of the dropped group is not stored
+    core.close()
+    core = build_core(cfg)                                     # read again on the next start: nothing more to drop
+    assert core.state.dropped == {"trained": 5, "aborted": 1} and list(core.state.batches) == [0]
+    core.close()

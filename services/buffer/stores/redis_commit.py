@@ -128,7 +128,7 @@ class CommitBuilder:
         self.pipe.hdel(self.k["open"], m.gid)
         self.cancelled[m.gid] = {"p": g.prompt_index, "n": g.group_size, "r": g.replica, "u": m.until,
                                  "i": list(m.indices)}
-        self._drop(m.sample_seqs, {"aborted": len(m.sample_seqs)})
+        self._drop(m.sample_seqs, {m.reason: len(m.sample_seqs)})
 
     def _record(self, gid: str) -> dict[str, Any]:
         """The cancelled-group record as this commit leaves it (from the state when this commit has not touched it)."""
