@@ -378,8 +378,11 @@ class BufferCore:
         return BatchResult(step, [e.data for g in groups for e in g.entries()], list(gids), True, redelivered)
 
     # ---- Ack -----------------------------------------------------------------------------------------------------
-    @durable_reply
     def ack(self, committed_step: int) -> int:
+        """Acknowledge every batch up to committed_step. The reply does not wait for the fsync (the next durable
+        reply's fsync covers it): a lost Ack loses nothing and trains nothing twice, since acks are cumulative, a
+        batch that is still unacked is only ever re-delivered for its own step, and the trainer acks its checkpoint
+        again when it resumes."""
         with self._cond:
             self._ensure_loaded()
             st = self.state
