@@ -32,7 +32,19 @@ from services.buffer.errors import BufferFull, InvalidSample, StepCommitted, Unk
 from services.buffer.filters import GroupFilter
 from services.buffer.gate import Gate
 from services.buffer.grouping import close_group
-from services.buffer.mutations import AckSteps, Add, Cancel, Deliver, Discard, Forget, Issue, Mutation, Policy, Stale
+from services.buffer.mutations import (
+    AckSteps,
+    Add,
+    Cancel,
+    Deliver,
+    Discard,
+    Forget,
+    Issue,
+    Mutation,
+    Policy,
+    Refuse,
+    Stale,
+)
 from services.buffer.observe import observe
 from services.buffer.settings import BufferSettings
 from services.buffer.state import Entry, Group, State
@@ -231,7 +243,14 @@ class BufferCore:
                     self._commit(list(discards))
                 dropped += sum(len(d.indices) for d in discards)
                 settled += repeats
-                fresh, dups = self._classify(pairs)
+                fresh, dups, late = self._classify(pairs)
+                if late:          # put under a lease since re-issued to another replica: never displaces its samples
+                    self._commit([Refuse("superseded_lease", len(late))])
+                    log.info("%d samples put under superseded leases dropped (%s)", len(late),
+                             ", ".join(sorted({f"{m.group_id} from {m.replica_id}" for m, _ in late})[:4]))
+                    settled += len(late)
+                    gone = {id(m) for m, _ in late}
+                    pairs = [p for p in pairs if id(p[0]) not in gone]
                 if not fresh:
                     return PutResult(0, dups + settled, dropped)
                 if self.state.stored_samples() < self.settings.capacity:
@@ -272,10 +291,15 @@ class BufferCore:
         return rest, [Discard(gid, tuple(ix)) for gid, ix in new.items() if ix], repeats
 
     def _classify(self, pairs: list[tuple[sample_pb2.Sample, bytes]]
-                  ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], int]:
-        st, fresh, seen, dups = self.state, [], set(), 0
+                  ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], int, list[tuple[sample_pb2.Sample, bytes]]]:
+        """(samples to store, duplicates, samples put by a replica whose lease on the group was re-issued to
+        another: the group's ticket names its current holder, and only the holder's samples are stored)."""
+        st, fresh, seen, dups, late = self.state, [], set(), 0, []
         for msg, raw in pairs:
             g = st.open.get(msg.group_id)
+            if g is not None and msg.replica_id and g.replica and msg.replica_id != g.replica:
+                late.append((msg, raw))
+                continue
             if g is None:
                 p = prompt_of(msg.group_id)
                 if st.group(msg.group_id) is None and (p is None or p >= st.next_prompt_index):
@@ -291,7 +315,7 @@ class BufferCore:
                 continue
             seen.add(key)
             fresh.append((msg, raw))
-        return fresh, dups
+        return fresh, dups, late
 
     def _put_mutations(self, fresh: list[tuple[sample_pb2.Sample, bytes]]) -> list[Mutation]:
         seq = self.state.seq

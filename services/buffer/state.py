@@ -17,6 +17,7 @@ from services.buffer.mutations import (
     Issue,
     Mutation,
     Policy,
+    Refuse,
     Stale,
 )
 
@@ -133,6 +134,8 @@ class State:
         elif isinstance(m, Discard):
             self.cancelled[m.gid].counted.update(m.indices)
             self._count_drops({"aborted": len(m.indices)})
+        elif isinstance(m, Refuse):
+            self._count_drops({m.reason: m.samples})
         elif isinstance(m, Forget):
             for gid in m.gids:
                 self.cancelled.pop(gid, None)

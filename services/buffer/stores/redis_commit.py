@@ -23,6 +23,7 @@ from services.buffer.mutations import (
     Issue,
     Mutation,
     Policy,
+    Refuse,
     Stale,
 )
 from services.buffer.state import State
@@ -77,6 +78,8 @@ class CommitBuilder:
                 rec = self._record(m.gid)
                 rec["i"] = sorted({*rec["i"], *m.indices})
                 self._drop((), {"aborted": len(m.indices)})
+            elif isinstance(m, Refuse):
+                self._drop((), {m.reason: m.samples})
             elif isinstance(m, Forget):
                 for gid in m.gids:
                     self.cancelled.pop(gid, None)
