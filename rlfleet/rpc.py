@@ -22,6 +22,24 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 ]
+# HTTP/2 keepalive: a peer that stops answering (SIGSTOP, a partition, a dead node without a FIN) fails the calls in
+# flight after KEEPALIVE_S + KEEPALIVE_TIMEOUT_S instead of at their deadline (minutes for long waits and streams).
+KEEPALIVE_S = 20.0
+KEEPALIVE_TIMEOUT_S = 10.0
+
+
+def keepalive_options(every_s: float = KEEPALIVE_S, timeout_s: float = KEEPALIVE_TIMEOUT_S) -> list[tuple[str, int]]:
+    """Channel options: ping every every_s, even with no call open, and drop the connection when a ping (keepalive
+    or the BDP probe's, which otherwise holds keepalive off while it waits) is unanswered for timeout_s."""
+    timeout_ms = int(timeout_s * 1000)
+    return [("grpc.keepalive_time_ms", int(every_s * 1000)), ("grpc.keepalive_timeout_ms", timeout_ms),
+            ("grpc.http2.ping_timeout_ms", timeout_ms), ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]
+
+
+# servers ping their clients the same way, and accept clients' pings at any rate down to 1 s (no GOAWAY strikes)
+_SERVER_KEEPALIVE = [*keepalive_options(), ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+                     ("grpc.http2.max_ping_strikes", 0)]
 
 
 def read_token(token_file: str | None) -> str | None:
@@ -73,7 +91,7 @@ class Server:
     def __init__(self, bind: str, token: str | None, max_workers: int = 16) -> None:
         interceptors = [_TokenAuthInterceptor(token)] if token else []
         self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
-                                options=_OPTIONS)
+                                options=[*_OPTIONS, *_SERVER_KEEPALIVE])
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         self.port = self.grpc.add_insecure_port(bind)
@@ -131,9 +149,10 @@ class _CallDetails(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
-def channel(address: str, token: str | None) -> grpc.Channel:
-    """An insecure loopback/cluster channel that attaches the run token to every call."""
-    ch = grpc.insecure_channel(address, options=_OPTIONS)
+def channel(address: str, token: str | None, keepalive_s: float = KEEPALIVE_S,
+            keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S) -> grpc.Channel:
+    """An insecure loopback/cluster channel with HTTP/2 keepalive that attaches the run token to every call."""
+    ch = grpc.insecure_channel(address, options=[*_OPTIONS, *keepalive_options(keepalive_s, keepalive_timeout_s)])
     if token:
         ch = grpc.intercept_channel(ch, _ClientAuthInterceptor(token))
     return ch
@@ -144,7 +163,7 @@ def wait_healthy(address: str, timeout: float = 60.0, service: str = "") -> None
     import time
 
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as ch:
+    with grpc.insecure_channel(address, options=keepalive_options()) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         last: Exception | None = None
         while time.monotonic() < deadline:

@@ -4,6 +4,7 @@ Redis writer (a zombie buffer across a partition) is fenced by the writer epoch 
 from __future__ import annotations
 
 import resource
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +15,13 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.rpc import channel
-from rlfleet.v1 import buffer_pb2
+from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 from services.buffer.core import BufferCore
 from services.buffer.settings import BufferSettings
 from services.buffer.stores import Superseded
 from services.buffer.stores.redis_streams import RedisStore
 from tests.integration.test_buffer_contract import make_sample
-from tests.integration.test_buffer_service import BufferProcess, write_config
+from tests.integration.test_buffer_service import TOKEN, BufferProcess, write_config
 from tests.support.redis_server import RedisServer, free_port
 
 
@@ -121,3 +122,22 @@ def test_a_superseded_buffer_process_exits(tmp_path: Path, redis_server: RedisSe
     finally:
         if proc.proc.poll() is None:
             proc.kill9()
+
+
+def test_keepalive_fails_a_call_to_a_frozen_server_long_before_its_deadline(tmp_path: Path) -> None:
+    """SIGSTOP of the buffer mid-call: the TCP connection stays up, so only HTTP/2 keepalive can tell."""
+    port = free_port()
+    proc = BufferProcess(write_config(tmp_path / "run", port), port).start()
+    assert proc.proc is not None
+    try:
+        stub = buffer_pb2_grpc.BufferStub(channel(proc.address, TOKEN, keepalive_s=1.0, keepalive_timeout_s=1.0))
+        stub.Stats(buffer_pb2.StatsRequest(), timeout=10)
+        proc.proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Stats(buffer_pb2.StatsRequest(), timeout=60)
+        took = time.monotonic() - t0
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and took < 15, (err.value.code(), took)
+    finally:
+        proc.proc.send_signal(signal.SIGCONT)
+        proc.kill9()
