@@ -348,11 +348,13 @@ class BufferCore:
                 if step <= st.committed_step:
                     raise StepCommitted(f"step {step} is already committed (committed_step {st.committed_step})")
                 muts: list[Mutation] = [] if policy_version == st.policy_version else [Policy(policy_version)]
-                stale, take = self._pick(n, policy_version)
-                if stale:
-                    muts.append(Stale(tuple(g.gid for g in stale), tuple(g.ready_seq for g in stale),
-                                      tuple(e.seq for g in stale for e in g.entries()),
-                                      sum(len(g.kept) for g in stale)))
+                stale, abandoned, take = self._pick(n, policy_version)
+                for gone, reason in ((stale, "stale"), (abandoned, "abandoned_lineage")):
+                    if gone:
+                        muts.append(Stale(tuple(g.gid for g in gone), tuple(g.ready_seq for g in gone),
+                                          tuple(e.seq for g in gone for e in g.entries()),
+                                          sum(len(g.kept) for g in gone), reason))
+                stale = [*stale, *abandoned]
                 if len(take) == n:
                     muts.append(Deliver(step, tuple(g.gid for g in take), tuple(g.ready_seq for g in take)))
                     if self.gate.over_samples:      # over_sample 1 issues no surplus: nothing to cancel
@@ -366,17 +368,22 @@ class BufferCore:
                     return BatchResult(step, [], [], complete=False, redelivered=False)
                 self._cond.wait(remaining)
 
-    def _pick(self, n: int, policy_version: int) -> tuple[list[Group], list[Group]]:
+    def _pick(self, n: int, policy_version: int) -> tuple[list[Group], list[Group], list[Group]]:
+        """(stale groups, groups of an abandoned lineage, the n to deliver), oldest first. A sample newer than the
+        trainer's policy cannot come from its lineage (replicas only hold versions it published): it was generated
+        by weights of a trainer that died after publishing them and resumed from an older checkpoint."""
         floor = policy_version - self.settings.max_staleness
-        stale, take = [], []
+        stale, abandoned, take = [], [], []
         for g in self.state.ready.values():
             if len(take) == n:
                 break
-            if any(e.weight_version < floor for e in g.entries()):
+            if any(e.weight_version > policy_version for e in g.entries()):
+                abandoned.append(g)
+            elif any(e.weight_version < floor for e in g.entries()):
                 stale.append(g)
             else:
                 take.append(g)
-        return stale, take
+        return stale, abandoned, take
 
     def _cancellations(self, step: int, gone: set[str]) -> list[Mutation]:
         """Once `step` has its batch, a group in flight can feed step+1 at the earliest: cancel those whose claim
