@@ -37,9 +37,12 @@ def keepalive_options(every_s: float = KEEPALIVE_S, timeout_s: float = KEEPALIVE
             ("grpc.http2.max_pings_without_data", 0)]
 
 
-# servers ping their clients the same way, and accept clients' pings at any rate down to 1 s (no GOAWAY strikes)
-_SERVER_KEEPALIVE = [*keepalive_options(), ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
-                     ("grpc.http2.max_ping_strikes", 0)]
+def server_keepalive_options(every_s: float = KEEPALIVE_S, timeout_s: float = KEEPALIVE_TIMEOUT_S
+                             ) -> list[tuple[str, int]]:
+    """Servers ping their clients the same way (a frozen subscriber's stream ends), and accept clients' pings at
+    any rate down to 1 s (no GOAWAY strikes)."""
+    return [*keepalive_options(every_s, timeout_s), ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0)]
 
 
 def read_token(token_file: str | None) -> str | None:
@@ -88,10 +91,11 @@ class _TokenAuthInterceptor(grpc.ServerInterceptor):
 class Server:
     """A gRPC server with the health service registered and serving once started."""
 
-    def __init__(self, bind: str, token: str | None, max_workers: int = 16) -> None:
+    def __init__(self, bind: str, token: str | None, max_workers: int = 16, keepalive_s: float = KEEPALIVE_S,
+                 keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S) -> None:
         interceptors = [_TokenAuthInterceptor(token)] if token else []
         self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
-                                options=[*_OPTIONS, *_SERVER_KEEPALIVE])
+                                options=[*_OPTIONS, *server_keepalive_options(keepalive_s, keepalive_timeout_s)])
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         self.port = self.grpc.add_insecure_port(bind)

@@ -84,3 +84,46 @@ def test_the_buffer_drops_samples_of_the_abandoned_lineage(tmp_path: Path) -> No
     assert batch.group_ids == [b.group_id]
     assert core.state.dropped == {"abandoned_lineage": 2}
     core.close()
+
+
+SUBSCRIBER = """
+import sys
+from rlfleet.rpc import channel
+from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc
+stub = weight_sync_pb2_grpc.WeightSyncStub(channel(sys.argv[1], None, keepalive_s=3600))
+for manifest in stub.Subscribe(weight_sync_pb2.SubscribeRequest(replica_id="frozen")):
+    print(manifest.version, flush=True)
+"""
+
+
+def test_a_frozen_subscriber_does_not_hold_up_verify(tmp_path: Path) -> None:
+    """A replica SIGSTOPped with its Subscribe stream open: the server's keepalive ends the stream, so Verify stops
+    waiting for its ack and reports the version current on the replicas that are there."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.runs import ROOT
+    from tests.unit.test_weight_sync_board import ack, manifest
+
+    board = VersionBoard()
+    server = Server("127.0.0.1:0", None, keepalive_s=1.0, keepalive_timeout_s=1.0)
+    server.add(weight_sync_pb2_grpc.add_WeightSyncServicer_to_server,
+               WeightSyncServicer(board, WeightSyncMetrics(CollectorRegistry())), "rlfleet.v1.WeightSync")
+    server.start()
+    proc = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, f"127.0.0.1:{server.port}"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: [r.replica_id for r in board.verify(0, 0)[2]] == ["frozen"])
+        board.subscribe("alive", 0)
+        proc.send_signal(signal.SIGSTOP)
+        board.publish(manifest(1))
+        ack(board, "alive", 1)
+        t0 = time.monotonic()
+        version, current, replicas = board.verify(1, 60.0)
+        assert current and [r.replica_id for r in replicas] == ["alive"] and time.monotonic() - t0 < 20
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        server.stop(0.1)
