@@ -122,13 +122,16 @@ class BufferCore:
             observe(metrics, self.state, [])
 
     # ---- Claim ---------------------------------------------------------------------------------------------------
-    @durable_reply
     def claim(self, replica_id: str, weight_version: int, max_groups: int, wait: float,
               restarted: bool = False, alive: Callable[[], bool] = lambda: True) -> ClaimResult:
         """restarted: the replica's first Claim since it started; tickets its id still holds are re-queued now.
         max_groups 0: issue nothing, wait only for a cancellation of this replica's groups. Every reply lists the
         replica's cancelled groups; a cancellation not yet listed ends the wait at once. alive() False (the caller
-        went away) ends the wait too."""
+        went away) ends the wait too.
+
+        The reply does not wait for the fsync of its tickets: a Put's reply does (every commit written before it),
+        so no acknowledged sample depends on a ticket a power loss could take; a ticket lost that way is issued
+        again, and the holder's Puts for it are refused (never issued) or dropped (superseded_lease)."""
         end = time.monotonic() + max(0.0, wait)
         with self._cond:
             if restarted:

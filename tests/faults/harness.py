@@ -11,7 +11,8 @@ Faults (seeded kinds, times, durations):
   buffer_kill9   SIGKILL the buffer, restart it
   buffer_stop    SIGSTOP the buffer for 0.5-2 s, SIGCONT
   power_loss     (embedded) SIGSTOP, SIGKILL, then cut the log as a power loss may: back to the end of the last
-                 commit anything acknowledged depends on (a Put's samples, a Claim's tickets, a delivered batch)
+                 commit anything acknowledged depends on (a Put's samples, a delivered batch; Claim replies do not
+                 wait for their fsync)
                  or to a random byte offset after it, half the time zero-filling the rest; restart
   disk_full      (embedded) writes past the log's current size fail (RLIMIT_FSIZE of the live process) for 1-2.5 s
   redis_kill9    (redis) SIGKILL redis-server, restart it on its AOF (appendfsync always)
@@ -40,6 +41,7 @@ from typing import TypeVar
 import grpc
 import yaml
 
+from rlfleet.rpc import wait_healthy
 from rlfleet.v1 import buffer_pb2
 from services.buffer.stores.embedded import LOG_NAME, decode_commit
 from services.buffer.stores.logfile import HEADER_BYTES, scan
@@ -81,6 +83,13 @@ class Cluster:
         self.buffer = BufferProcess(self.run_dir / "config.yaml", port).start()
         self.lock = threading.Lock()          # faults on the buffer process one at a time
 
+    def start_buffer(self) -> None:
+        """Start the buffer and wait until it serves; a loaded machine may take more than BufferProcess's 30 s."""
+        try:
+            self.buffer.start()
+        except TimeoutError:
+            wait_healthy(self.buffer.address, timeout=120)
+
     @property
     def pid(self) -> int:
         assert self.buffer.proc is not None
@@ -90,7 +99,7 @@ class Cluster:
         self.buffer.kill9()
         time.sleep(pause)
         fault.ended = time.monotonic()        # recovery time includes the restart
-        self.buffer.start()
+        self.start_buffer()
 
     def freeze(self, pid: int, seconds: float) -> None:
         os.kill(pid, signal.SIGSTOP)
@@ -109,7 +118,7 @@ class Cluster:
         tail = b"\0" * (len(data) - cut) if rng.random() < 0.5 else b""
         path.write_bytes(data[:cut] + tail)
         fault.ended = time.monotonic()
-        self.buffer.start()
+        self.start_buffer()
         return f"cut {len(data) - cut} of {len(data)} bytes{' (zero-filled)' if tail else ''}"
 
     def disk_full(self, seconds: float) -> None:
@@ -158,7 +167,6 @@ def durable_floor(path: Path, ledger: Ledger) -> int:
         for m in decode_commit(body):
             name = type(m).__name__
             if ((name == "Add" and f"{m.gid}/{m.index}" in ledger.put)  # type: ignore[union-attr]
-                    or (name == "Issue" and m.gid in ledger.tickets)  # type: ignore[union-attr]
                     or (name == "Deliver" and m.step in ledger.delivered)):  # type: ignore[union-attr]
                 return offset + HEADER_BYTES + len(body)
     return 0
@@ -262,8 +270,13 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
                     for i in range(t.group_size):
                         s = make_sample(t.group_id, i, t.group_size)
                         s.replica_id = f"r{k}"
-                        retry(lambda s=s: stub().Put(buffer_pb2.PutRequest(  # type: ignore[attr-defined]
-                            samples=[s], wait_seconds=1), timeout=5), dead)
+                        try:
+                            retry(lambda s=s: stub().Put(buffer_pb2.PutRequest(  # type: ignore[attr-defined]
+                                samples=[s], wait_seconds=1), timeout=5), dead)
+                        except grpc.RpcError as exc:     # as a replica does: a refused group is dropped
+                            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                                raise
+                            break
                         ledger.acked([f"{t.group_id}/{i}"])
         return body
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.timeout(300)
 def test_nothing_lost_nor_trained_twice_under_faults(tmp_path: Path, store: str, seed: int) -> None:
     verdict, events = run_seed(seed, store, tmp_path)
     print(f"\n{store} seed {seed}: {verdict.line()}\n  " + "\n  ".join(events))
-    assert len(events) >= 3, events                       # faults were injected while the run was going
-    assert verdict.put >= 64 and verdict.trained == 64
-    assert (verdict.lost, verdict.trained_twice, verdict.unexpected) == ([], [], [])
-    assert not any(verdict.unrecovered.values()), verdict.unrecovered
+    context = f"{verdict}\n" + "\n".join(events)
+    assert len(events) >= 3, context                      # faults were injected while the run was going
+    assert verdict.put >= 64 and verdict.trained == 64, context
+    assert (verdict.lost, verdict.trained_twice, verdict.unexpected) == ([], [], []), context
+    assert not any(verdict.unrecovered.values()), context
