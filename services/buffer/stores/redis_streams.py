@@ -201,8 +201,14 @@ class RedisStore:
         except Superseded:
             raise
         except redis.WatchError as exc:
-            self.failure = "redis: the writer epoch changed during a commit: superseded"
-            raise Superseded(self.failure) from exc
+            # redis-py raises WatchError for a connection lost while watching too: superseded only if the epoch moved
+            try:
+                self._check_epoch(self.r.get(self.k["epoch"]))
+            except redis.RedisError as again:
+                self.failure = f"redis: {again}"
+                raise StoreError(self.failure) from exc
+            self.failure = f"redis: transaction aborted ({exc}); the epoch is still ours"
+            raise StoreError(self.failure) from exc
         except redis.RedisError as exc:
             self.failure = f"redis: {exc}"
             raise StoreError(self.failure) from exc
