@@ -1,12 +1,16 @@
 """Buffer put -> get -> ack throughput and latency, against raw Redis Streams in the same run. Prints, never asserts.
 
 For 1 KiB and 64 KiB samples: the real buffer service (`python -m services.buffer` in a subprocess, gRPC, each
-store, embedded log with fsync everysec, Redis with AOF everysec) fed by producer threads (Claim, then one Put per
+store at each durability: embedded log with fsync everysec and with fsync always (the default: every reply waits
+for its commit's fsync, concurrent Puts share one fsync), Redis with AOF appendfsync everysec and always, set with
+CONFIG SET on the same server) fed by producer threads (Claim, then one Put per
 `--put-groups` groups) and drained by one consumer thread (GetBatch of `--step-groups` groups per trainer step, then
 Ack); and the baseline: raw redis-py on a private redis-server with the same payloads and the same batching: each
 producer thread sends one pipeline of XADDs per `--put-groups` groups, the consumer reads with XREADGROUP COUNT
 8*`--step-groups` and pipelines XACK+XDEL. Payloads are serialized Samples built before the clock starts, on both
-sides. Every round runs raw, embedded, redis back to back, so each ratio compares runs seconds apart; with
+sides. Every round runs raw, then each store and durability back to back, so each ratio compares runs seconds
+apart (`always vs everysec` is the cost of acknowledged-means-on-disk; group commit needs concurrent producers:
+try --producers 8); with
 `--rounds` > 1 the medians are printed too (the machine is shared: read the medians).
 
 Latency: `streaming` is put->get while the buffer runs full (mostly queueing: up to `capacity` samples wait ahead
@@ -97,6 +101,7 @@ def report(name: str, rate: float | None, latencies: list[float], cpu: dict[str,
 
 
 class Args:
+    stores: str
     put_groups: int
     claim_groups: int
     step_groups: int
@@ -119,14 +124,14 @@ def spread(groups: int, producers: int, work: Callable[[Callable[[], int | None]
     return threads
 
 
-def start_service(work: Path, store: str, redis_url: str, size: int, steps: int, step_groups: int
-                  ) -> tuple[subprocess.Popen, str]:
+def start_service(work: Path, store: str, redis_url: str, size: int, steps: int, step_groups: int,
+                  fsync: str = "always") -> tuple[subprocess.Popen, str]:
     port = free_port()
     run_dir = work / f"run-{store}-{size}-{port}"
     cfg = {"run": {"name": f"bench{size}-{port}", "dir": str(run_dir)}, "model": {"path": "x"},
            "rollout": {"data_source": "a:b", "reward_fn": "a:b", "group_size": GROUP_SIZE},
            "buffer": {"store": store, "redis_url": redis_url, "capacity": CAPACITY_GROUPS * GROUP_SIZE,
-                      "max_staleness": 10 ** 6, "min_valid_per_group": 1, "fsync": "everysec"},
+                      "max_staleness": 10 ** 6, "min_valid_per_group": 1, "fsync": fsync},
            "trainer": {"steps": steps, "groups_per_step": step_groups}, "security": {"mode": "none"},
            "endpoints": {"buffer": f"127.0.0.1:{port}"}}
     run_dir.mkdir(parents=True)
@@ -140,11 +145,15 @@ def start_service(work: Path, store: str, redis_url: str, size: int, steps: int,
 Result = tuple[float, list[float], list[float], dict[str, float], int]
 
 
-def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: int, groups: int, a: Args) -> Result:
-    """(samples/s, streaming latencies, idle latencies, CPU seconds by process, samples) of the buffer on a store."""
+def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: int, groups: int, a: Args,
+                fsync: str = "always") -> Result:
+    """(samples/s, streaming latencies, idle latencies, CPU seconds by process, samples) of the buffer on a store;
+    fsync: the embedded log's policy, or Redis's appendfsync."""
+    if store == "redis":
+        redis.Redis.from_url(redis_url).config_set("appendfsync", fsync)
     steps = groups // a.step_groups
     payloads = {g: group_samples(g, size) for g in range(steps * a.step_groups + a.serial * a.step_groups)}
-    proc, address = start_service(work, store, redis_url, size, steps + a.serial, a.step_groups)
+    proc, address = start_service(work, store, redis_url, size, steps + a.serial, a.step_groups, fsync)
     try:
         stub = buffer_pb2_grpc.BufferStub(channel(address, None))
         started: dict[str, float] = {}
@@ -200,6 +209,7 @@ def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: in
 def run_raw_redis(url: str, redis_pid: int, size: int, groups: int, a: Args) -> Result:
     """The same shape on raw Redis Streams."""
     r = redis.Redis.from_url(url)
+    r.config_set("appendfsync", "everysec")
     key = f"bench:raw:{size}"
     r.delete(key)
     r.xgroup_create(key, "g", id="0", mkstream=True)
@@ -269,11 +279,13 @@ def main() -> None:
     parser.add_argument("--claim-groups", type=int, default=4, help="tickets per Claim (buffer side only)")
     parser.add_argument("--step-groups", type=int, default=1, help="groups per GetBatch (per XREADGROUP)")
     parser.add_argument("--producers", type=int, default=1, help="producer threads (replicas) on both sides")
+    parser.add_argument("--stores", default="embedded,redis", help="buffer stores to run (comma-separated)")
     args = parser.parse_args(namespace=Args())
     print(f"batching: {args.put_groups} group(s) of {GROUP_SIZE} per Put / XADD pipeline, {args.producers} "
           f"producer(s), {args.claim_groups} tickets per Claim; {args.step_groups} group(s) per GetBatch+Ack / "
           "XREADGROUP+XACK", flush=True)
     ratios: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    durable: dict[tuple[int, str], list[float]] = {}          # always / everysec samples/s, same round
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         server = RedisServer(work / "redis").start()
@@ -286,16 +298,27 @@ def main() -> None:
                     raw, lat, idle, cpu, n = run_raw_redis(server.url, server.proc.pid, size, groups, args)
                     raw_cpu = report("raw redis streams", raw, lat, cpu, n)
                     report("raw redis idle, one step", None, idle)
-                    for store in ("embedded", "redis"):
-                        rate, lat, idle, cpu, n = run_service(work, store, server.url, server.proc.pid, size, groups,
-                                                              args)
-                        buf_cpu = report(f"buffer[{store}] streaming", rate, lat, cpu, n)
-                        report(f"buffer[{store}] idle, one step", None, idle)
-                        ratios.setdefault((size, store), []).append((rate / raw, raw_cpu / buf_cpu))
-                        print(f"  {'':<34} ratio to raw redis: {rate / raw:.2f} samples/s, "
-                              f"{raw_cpu / buf_cpu:.2f} by CPU per sample", flush=True)
+                    for store in args.stores.split(","):
+                        rates = {}
+                        for fsync in ("everysec", "always"):
+                            name = f"{store}/{fsync}"
+                            rate, lat, idle, cpu, n = run_service(work, store, server.url, server.proc.pid, size,
+                                                                  groups, args, fsync)
+                            rates[fsync] = rate
+                            buf_cpu = report(f"buffer[{name}] streaming", rate, lat, cpu, n)
+                            report(f"buffer[{name}] idle, one step", None, idle)
+                            ratios.setdefault((size, name), []).append((rate / raw, raw_cpu / buf_cpu))
+                            print(f"  {'':<34} ratio to raw redis: {rate / raw:.2f} samples/s, "
+                                  f"{raw_cpu / buf_cpu:.2f} by CPU per sample", flush=True)
+                        ratio = rates["always"] / rates["everysec"]
+                        durable.setdefault((size, store), []).append(ratio)
+                        print(f"  {'':<34} buffer[{store}] always vs everysec: {ratio:.2f}x samples/s", flush=True)
         finally:
             server.stop()
+    print("acknowledged-means-on-disk cost, always / everysec samples/s (median over rounds; each round):")
+    for (size, store), values in durable.items():
+        print(f"  {size // 1024:>2} KiB buffer[{store}]: {statistics.median(values):.2f} "
+              f"({', '.join(f'{v:.2f}' for v in values)})")
     if args.rounds > 1:
         print("median ratio to raw redis over rounds (samples/s; CPU per sample):")
         for (size, store), values in ratios.items():

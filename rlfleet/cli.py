@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p_convert.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N")
     p_convert.add_argument("out_dir")
     p_convert.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    p_buffer = sub.add_parser("buffer", help="check or repair the embedded buffer store of a run folder")
+    p_buffer.add_argument("action", choices=["verify", "salvage"])
+    p_buffer.add_argument("run_dir")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if ns.command == "scale":
@@ -56,6 +59,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"rollout replicas: {len(status.running)} ({', '.join(status.running)})")
         return 0
+    if ns.command == "buffer":
+        from services.buffer.stores.repair import salvage, verify
+
+        try:
+            report = verify(Path(ns.run_dir)) if ns.action == "verify" else salvage(Path(ns.run_dir))
+        except (OSError, RuntimeError) as exc:
+            print(f"rlfleet buffer {ns.action}: {exc}", file=sys.stderr)
+            return 2
+        print(report.text)
+        return 0 if report.ok else 1
     if ns.command == "convert":
         from rlfleet.convert import ConvertError, convert
 

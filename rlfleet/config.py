@@ -119,7 +119,10 @@ class BufferConfig(_Section):
     lease_seconds: float = Field(300.0, gt=0)
     filters: list[str] = []                 # dotted paths to SampleFilters, or built-in names
     min_valid_per_group: int = Field(2, ge=1)
-    fsync: Literal["always", "everysec", "no"] = "everysec"
+    # embedded store durability. always: a reply waits for its commit's fsync (group commit: concurrent calls share
+    # one). everysec: loses up to ~1 s of acknowledged samples, deliveries and acks on power loss. no: loses
+    # whatever the OS had not written back on power loss. (A process crash loses nothing under any of them.)
+    fsync: Literal["always", "everysec", "no"] = "always"
     # issue up to ceil(over_sample * trainer.groups_per_step) groups per step (DAPO over-sampling); when a step's
     # batch is full, groups in flight that the staleness bound no longer lets feed a step are cancelled
     over_sample: float = Field(1.0, ge=1.0, le=16.0)

@@ -26,6 +26,27 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 ]
+# HTTP/2 keepalive: a peer that stops answering (SIGSTOP, a partition, a dead node without a FIN) fails the calls in
+# flight after KEEPALIVE_S + KEEPALIVE_TIMEOUT_S instead of at their deadline (minutes for long waits and streams).
+KEEPALIVE_S = 20.0
+KEEPALIVE_TIMEOUT_S = 10.0
+
+
+def keepalive_options(every_s: float = KEEPALIVE_S, timeout_s: float = KEEPALIVE_TIMEOUT_S) -> list[tuple[str, int]]:
+    """Channel options: ping every every_s, even with no call open, and drop the connection when a ping (keepalive
+    or the BDP probe's, which otherwise holds keepalive off while it waits) is unanswered for timeout_s."""
+    timeout_ms = int(timeout_s * 1000)
+    return [("grpc.keepalive_time_ms", int(every_s * 1000)), ("grpc.keepalive_timeout_ms", timeout_ms),
+            ("grpc.http2.ping_timeout_ms", timeout_ms), ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]
+
+
+def server_keepalive_options(every_s: float = KEEPALIVE_S, timeout_s: float = KEEPALIVE_TIMEOUT_S
+                             ) -> list[tuple[str, int]]:
+    """Servers ping their clients the same way (a frozen subscriber's stream ends), and accept clients' pings at
+    any rate down to 1 s (no GOAWAY strikes)."""
+    return [*keepalive_options(every_s, timeout_s), ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0)]
 
 
 def read_token(token_file: str | None) -> str | None:  # kept for callers; see rlfleet.security.credentials
@@ -85,12 +106,14 @@ class Server:
     """
 
     def __init__(self, bind: str, token: Credential, max_workers: int = 16,
-                 max_receive_bytes: int = SERVER_RECEIVE_BYTES) -> None:
+                 max_receive_bytes: int = SERVER_RECEIVE_BYTES, keepalive_s: float = KEEPALIVE_S,
+                 keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S) -> None:
         limits = Limits(per_caller=max(2, max_workers // 4), long_polls=max(1, max_workers - max(4, max_workers // 4)))
         mtls = isinstance(token, Identity)
         interceptors: list[grpc.ServerInterceptor] = [] if mtls or not token else [_TokenAuthInterceptor(str(token))]
         interceptors.append(Authorizer(limits, authenticate=mtls))
         options = list({**dict(_OPTIONS), "grpc.max_receive_message_length": max_receive_bytes}.items())
+        options += server_keepalive_options(keepalive_s, keepalive_timeout_s)
         self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
                                 options=options)
         self.health = health.HealthServicer()
@@ -156,13 +179,15 @@ class _CallDetails(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
-def channel(address: str, token: Credential) -> grpc.Channel:
-    """A channel presenting `token`: an Identity (mTLS, the server verified against the run CA), a run token
-    attached to every call (insecure transport), or nothing."""
+def channel(address: str, token: Credential, keepalive_s: float = KEEPALIVE_S,
+            keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S) -> grpc.Channel:
+    """A channel with HTTP/2 keepalive presenting `token`: an Identity (mTLS, the server verified against the run
+    CA), a run token attached to every call (insecure transport), or nothing."""
+    options = [*_OPTIONS, *keepalive_options(keepalive_s, keepalive_timeout_s)]
     if isinstance(token, Identity):
         creds = grpc.ssl_channel_credentials(token.ca_pem, token.key_pem, token.cert_pem)
-        return grpc.secure_channel(address, creds, options=_OPTIONS)
-    ch = grpc.insecure_channel(address, options=_OPTIONS)
+        return grpc.secure_channel(address, creds, options=options)
+    ch = grpc.insecure_channel(address, options=options)
     if token:
         ch = grpc.intercept_channel(ch, _ClientAuthInterceptor(token))
     return ch

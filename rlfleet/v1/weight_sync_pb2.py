@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.v1 import weights_pb2 as rlfleet_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crlfleet/v1/weight_sync.proto\x12\nrlfleet.v1\x1a\x18rlfleet/v1/weights.proto\"\xa0\x02\n\x08PeerInfo\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x11\n\ttransport\x18\x02 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x03 \x01(\x0c\x12\x12\n\nagent_name\x18\x04 \x01(\t\x12\x14\n\x0c\x62\x61se_address\x18\x05 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x06 \x01(\x04\x12\r\n\x05slots\x18\x07 \x01(\r\x12\x11\n\tdevice_id\x18\x08 \x01(\r\x12\x10\n\x08mem_type\x18\t \x01(\t\x12\x32\n\x07options\x18\n \x03(\x0b\x32!.rlfleet.v1.PeerInfo.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x0f\n\rRegisterReply\"J\n\x0cPeersRequest\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x11\n\tmin_peers\x18\x02 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"1\n\nPeersReply\x12#\n\x05peers\x18\x01 \x03(\x0b\x32\x14.rlfleet.v1.PeerInfo\"#\n\x0cPublishReply\x12\x13\n\x0bsubscribers\x18\x01 \x01(\r\"<\n\x10SubscribeRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x14\n\x0chave_version\x18\x02 \x01(\x04\"\x10\n\x0eUpdateAckReply\"6\n\rVerifyRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"\x8d\x01\n\x0cReplicaState\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x1b\n\x13last_update_seconds\x18\x06 \x01(\x01\x12\x10\n\x08\x66\x61ilures\x18\x07 \x01(\r\"_\n\x0bVerifyReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0b\x61ll_current\x18\x02 \x01(\x08\x12*\n\x08replicas\x18\x03 \x03(\x0b\x32\x18.rlfleet.v1.ReplicaState\"3\n\x0c\x46\x65tchRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nreplica_id\x18\x02 \x01(\t\"Z\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0e\n\x06\x62ucket\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\x32\x89\x03\n\nWeightSync\x12?\n\x07Publish\x12\x1a.rlfleet.v1.WeightManifest\x1a\x18.rlfleet.v1.PublishReply\x12G\n\tSubscribe\x12\x1c.rlfleet.v1.SubscribeRequest\x1a\x1a.rlfleet.v1.WeightManifest0\x01\x12;\n\x03\x41\x63k\x12\x18.rlfleet.v1.UpdateResult\x1a\x1a.rlfleet.v1.UpdateAckReply\x12<\n\x06Verify\x12\x19.rlfleet.v1.VerifyRequest\x1a\x17.rlfleet.v1.VerifyReply\x12;\n\x08Register\x12\x14.rlfleet.v1.PeerInfo\x1a\x19.rlfleet.v1.RegisterReply\x12\x39\n\x05Peers\x12\x18.rlfleet.v1.PeersRequest\x1a\x16.rlfleet.v1.PeersReply2L\n\x0cWeightStream\x12<\n\x05\x46\x65tch\x12\x18.rlfleet.v1.FetchRequest\x1a\x17.rlfleet.v1.WeightChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crlfleet/v1/weight_sync.proto\x12\nrlfleet.v1\x1a\x18rlfleet/v1/weights.proto\"\xa0\x02\n\x08PeerInfo\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x11\n\ttransport\x18\x02 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x03 \x01(\x0c\x12\x12\n\nagent_name\x18\x04 \x01(\t\x12\x14\n\x0c\x62\x61se_address\x18\x05 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x06 \x01(\x04\x12\r\n\x05slots\x18\x07 \x01(\r\x12\x11\n\tdevice_id\x18\x08 \x01(\r\x12\x10\n\x08mem_type\x18\t \x01(\t\x12\x32\n\x07options\x18\n \x03(\x0b\x32!.rlfleet.v1.PeerInfo.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x0f\n\rRegisterReply\"J\n\x0cPeersRequest\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x11\n\tmin_peers\x18\x02 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"1\n\nPeersReply\x12#\n\x05peers\x18\x01 \x03(\x0b\x32\x14.rlfleet.v1.PeerInfo\"#\n\x0cPublishReply\x12\x13\n\x0bsubscribers\x18\x01 \x01(\r\"P\n\x10SubscribeRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x14\n\x0chave_version\x18\x02 \x01(\x04\x12\x12\n\nhave_epoch\x18\x03 \x01(\x04\"\x10\n\x0eUpdateAckReply\"6\n\rVerifyRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"\x8d\x01\n\x0cReplicaState\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x1b\n\x13last_update_seconds\x18\x06 \x01(\x01\x12\x10\n\x08\x66\x61ilures\x18\x07 \x01(\r\"_\n\x0bVerifyReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0b\x61ll_current\x18\x02 \x01(\x08\x12*\n\x08replicas\x18\x03 \x03(\x0b\x32\x18.rlfleet.v1.ReplicaState\"3\n\x0c\x46\x65tchRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nreplica_id\x18\x02 \x01(\t\"Z\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0e\n\x06\x62ucket\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\x32\x89\x03\n\nWeightSync\x12?\n\x07Publish\x12\x1a.rlfleet.v1.WeightManifest\x1a\x18.rlfleet.v1.PublishReply\x12G\n\tSubscribe\x12\x1c.rlfleet.v1.SubscribeRequest\x1a\x1a.rlfleet.v1.WeightManifest0\x01\x12;\n\x03\x41\x63k\x12\x18.rlfleet.v1.UpdateResult\x1a\x1a.rlfleet.v1.UpdateAckReply\x12<\n\x06Verify\x12\x19.rlfleet.v1.VerifyRequest\x1a\x17.rlfleet.v1.VerifyReply\x12;\n\x08Register\x12\x14.rlfleet.v1.PeerInfo\x1a\x19.rlfleet.v1.RegisterReply\x12\x39\n\x05Peers\x12\x18.rlfleet.v1.PeersRequest\x1a\x16.rlfleet.v1.PeersReply2L\n\x0cWeightStream\x12<\n\x05\x46\x65tch\x12\x18.rlfleet.v1.FetchRequest\x1a\x17.rlfleet.v1.WeightChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,21 +47,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUBLISHREPLY']._serialized_start=505
   _globals['_PUBLISHREPLY']._serialized_end=540
   _globals['_SUBSCRIBEREQUEST']._serialized_start=542
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=602
-  _globals['_UPDATEACKREPLY']._serialized_start=604
-  _globals['_UPDATEACKREPLY']._serialized_end=620
-  _globals['_VERIFYREQUEST']._serialized_start=622
-  _globals['_VERIFYREQUEST']._serialized_end=676
-  _globals['_REPLICASTATE']._serialized_start=679
-  _globals['_REPLICASTATE']._serialized_end=820
-  _globals['_VERIFYREPLY']._serialized_start=822
-  _globals['_VERIFYREPLY']._serialized_end=917
-  _globals['_FETCHREQUEST']._serialized_start=919
-  _globals['_FETCHREQUEST']._serialized_end=970
-  _globals['_WEIGHTCHUNK']._serialized_start=972
-  _globals['_WEIGHTCHUNK']._serialized_end=1062
-  _globals['_WEIGHTSYNC']._serialized_start=1065
-  _globals['_WEIGHTSYNC']._serialized_end=1458
-  _globals['_WEIGHTSTREAM']._serialized_start=1460
-  _globals['_WEIGHTSTREAM']._serialized_end=1536
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=622
+  _globals['_UPDATEACKREPLY']._serialized_start=624
+  _globals['_UPDATEACKREPLY']._serialized_end=640
+  _globals['_VERIFYREQUEST']._serialized_start=642
+  _globals['_VERIFYREQUEST']._serialized_end=696
+  _globals['_REPLICASTATE']._serialized_start=699
+  _globals['_REPLICASTATE']._serialized_end=840
+  _globals['_VERIFYREPLY']._serialized_start=842
+  _globals['_VERIFYREPLY']._serialized_end=937
+  _globals['_FETCHREQUEST']._serialized_start=939
+  _globals['_FETCHREQUEST']._serialized_end=990
+  _globals['_WEIGHTCHUNK']._serialized_start=992
+  _globals['_WEIGHTCHUNK']._serialized_end=1082
+  _globals['_WEIGHTSYNC']._serialized_start=1085
+  _globals['_WEIGHTSYNC']._serialized_end=1478
+  _globals['_WEIGHTSTREAM']._serialized_start=1480
+  _globals['_WEIGHTSTREAM']._serialized_end=1556
 # @@protoc_insertion_point(module_scope)

@@ -65,12 +65,14 @@ class PublishReply(_message.Message):
     def __init__(self, subscribers: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("replica_id", "have_version")
+    __slots__ = ("replica_id", "have_version", "have_epoch")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAVE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     have_version: int
-    def __init__(self, replica_id: _Optional[str] = ..., have_version: _Optional[int] = ...) -> None: ...
+    have_epoch: int
+    def __init__(self, replica_id: _Optional[str] = ..., have_version: _Optional[int] = ..., have_epoch: _Optional[int] = ...) -> None: ...
 
 class UpdateAckReply(_message.Message):
     __slots__ = ()

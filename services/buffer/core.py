@@ -17,25 +17,39 @@ dropped as `aborted` too, never stored.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from rlfleet.metrics import BufferMetrics
-from rlfleet.sample import SampleError, validate_message
+from rlfleet.sample import SampleError, sample_key, validate_message
 from rlfleet.sample_limits import SampleLimits
 from rlfleet.v1 import buffer_pb2, sample_pb2
 from services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.filters import GroupFilter
 from services.buffer.gate import Gate
 from services.buffer.grouping import close_group
-from services.buffer.mutations import AckSteps, Add, Cancel, Deliver, Discard, Forget, Issue, Mutation, Policy, Stale
+from services.buffer.mutations import (
+    AckSteps,
+    Add,
+    Cancel,
+    Deliver,
+    Discard,
+    Forget,
+    Issue,
+    Mutation,
+    Policy,
+    Refuse,
+    Stale,
+)
 from services.buffer.observe import observe
 from services.buffer.settings import BufferSettings
 from services.buffer.state import Entry, Group, State
-from services.buffer.stores import Store
+from services.buffer.stores import Store, StoreError, Superseded
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +63,20 @@ def prompt_of(gid: str) -> int | None:
 
 
 STALENESS = "staleness"   # Claim reason prefix: the replica must load newer weights first
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def durable_reply(fn: F) -> F:
+    """A reply waits, after the lock is released, until every commit written so far is durable (store.sync): its
+    own, and any it read. Group commit: concurrent replies share one fsync."""
+
+    @functools.wraps(fn)
+    def wrapper(self: BufferCore, *args: Any, **kwargs: Any) -> Any:
+        out = fn(self, *args, **kwargs)
+        self._settle()
+        return out
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -90,6 +118,8 @@ class BufferCore:
         self._told: set[str] = set()     # cancelled groups some Claim reply has listed (memory only: early wake-ups)
         self.state: State = store.load()
         self._reload = False
+        self._written = 0                 # the token of the last commit appended (store.sync waits for it)
+        self.superseded = threading.Event()   # a newer buffer took over the store: this one must exit
         if metrics is not None:
             metrics.capacity.set(settings.capacity)
             observe(metrics, self.state, [])
@@ -100,12 +130,16 @@ class BufferCore:
         """restarted: the replica's first Claim since it started; tickets its id still holds are re-queued now.
         max_groups 0: issue nothing, wait only for a cancellation of this replica's groups. Every reply lists the
         replica's cancelled groups; a cancellation not yet listed ends the wait at once. alive() False (the caller
-        went away) ends the wait too."""
+        went away) ends the wait too.
+
+        The reply does not wait for the fsync of its tickets: a Put's reply does (every commit written before it),
+        so no acknowledged sample depends on a ticket a power loss could take; a ticket lost that way is issued
+        again, and the holder's Puts for it are refused (never issued) or dropped (superseded_lease)."""
         end = time.monotonic() + max(0.0, wait)
         with self._cond:
             if restarted:
                 self._ensure_loaded()
-                self.release_replica(replica_id)
+                self._release_replica(replica_id)
             while True:
                 self._ensure_loaded()
                 self._forget_cancelled()
@@ -175,11 +209,15 @@ class BufferCore:
                                           lease_seconds=s.lease_seconds) for m in muts]
         return tickets, reason
 
+    @durable_reply
     def release_replica(self, replica_id: str) -> int:
         """Re-queue every unexpired ticket `replica_id` holds (it died): the lease ends now. Returns how many.
 
         Samples already put for those groups are kept; the re-issued ticket carries the same group id.
         """
+        return self._release_replica(replica_id)
+
+    def _release_replica(self, replica_id: str) -> int:
         with self._cond:
             now = self.clock()
             held = sorted((g for g in self.state.open.values() if g.replica == replica_id and g.deadline > now),
@@ -196,6 +234,7 @@ class BufferCore:
         return max(0.01, min(future) - now) if future else 3600.0   # expired ones wait for a state change
 
     # ---- Put -----------------------------------------------------------------------------------------------------
+    @durable_reply
     def put(self, samples: Sequence[sample_pb2.Sample], wait: float) -> PutResult:
         """Store samples durably. Malformed input refuses the whole call. Samples of a cancelled group are not stored:
         counted as dropped (aborted), once per index."""
@@ -210,7 +249,14 @@ class BufferCore:
                     self._commit(list(discards))
                 dropped += sum(len(d.indices) for d in discards)
                 settled += repeats
-                fresh, dups = self._classify(pairs)
+                fresh, dups, late = self._classify(pairs)
+                if late:          # put under a lease since re-issued to another replica: never displaces its samples
+                    self._commit([Refuse("superseded_lease", len(late))])
+                    log.info("%d samples put under superseded leases dropped (%s)", len(late),
+                             ", ".join(sorted({f"{m.group_id} from {m.replica_id}" for m, _ in late})[:4]))
+                    settled += len(late)
+                    gone = {id(m) for m, _ in late}
+                    pairs = [p for p in pairs if id(p[0]) not in gone]
                 if not fresh:
                     return PutResult(0, dups + settled, dropped)
                 if self.state.stored_samples() < self.settings.capacity:
@@ -258,10 +304,15 @@ class BufferCore:
         return rest, [Discard(gid, tuple(ix)) for gid, ix in new.items() if ix], repeats
 
     def _classify(self, pairs: list[tuple[sample_pb2.Sample, bytes]]
-                  ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], int]:
-        st, fresh, seen, dups = self.state, [], set(), 0
+                  ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], int, list[tuple[sample_pb2.Sample, bytes]]]:
+        """(samples to store, duplicates, samples put by a replica whose lease on the group was re-issued to
+        another: the group's ticket names its current holder, and only the holder's samples are stored)."""
+        st, fresh, seen, dups, late = self.state, [], set(), 0, []
         for msg, raw in pairs:
             g = st.open.get(msg.group_id)
+            if g is not None and msg.replica_id and g.replica and msg.replica_id != g.replica:
+                late.append((msg, raw))
+                continue
             if g is None:
                 p = prompt_of(msg.group_id)
                 if st.group(msg.group_id) is None and (p is None or p >= st.next_prompt_index):
@@ -277,7 +328,7 @@ class BufferCore:
                 continue
             seen.add(key)
             fresh.append((msg, raw))
-        return fresh, dups
+        return fresh, dups, late
 
     def _put_mutations(self, fresh: list[tuple[sample_pb2.Sample, bytes]]) -> list[Mutation]:
         seq = self.state.seq
@@ -297,6 +348,7 @@ class BufferCore:
         return muts
 
     # ---- GetBatch ------------------------------------------------------------------------------------------------
+    @durable_reply
     def get_batch(self, step: int, num_groups: int, policy_version: int, wait: float) -> BatchResult:
         n = num_groups or self.settings.groups_per_step
         end = time.monotonic() + max(0.0, wait)
@@ -313,11 +365,13 @@ class BufferCore:
                     raise InvalidRequest(f"policy_version {policy_version} is more than {self.version_lead} ahead "
                                          f"of the last one reported ({st.policy_version})")
                 muts: list[Mutation] = [] if policy_version == st.policy_version else [Policy(policy_version)]
-                stale, take = self._pick(n, policy_version)
-                if stale:
-                    muts.append(Stale(tuple(g.gid for g in stale), tuple(g.ready_seq for g in stale),
-                                      tuple(e.seq for g in stale for e in g.entries()),
-                                      sum(len(g.kept) for g in stale)))
+                stale, abandoned, take = self._pick(n, policy_version)
+                for gone, reason in ((stale, "stale"), (abandoned, "abandoned_lineage")):
+                    if gone:
+                        muts.append(Stale(tuple(g.gid for g in gone), tuple(g.ready_seq for g in gone),
+                                          tuple(e.seq for g in gone for e in g.entries()),
+                                          sum(len(g.kept) for g in gone), reason))
+                stale = [*stale, *abandoned]
                 if len(take) == n:
                     muts.append(Deliver(step, tuple(g.gid for g in take), tuple(g.ready_seq for g in take)))
                     if self.gate.over_samples:      # over_sample 1 issues no surplus: nothing to cancel
@@ -331,17 +385,22 @@ class BufferCore:
                     return BatchResult(step, [], [], complete=False, redelivered=False)
                 self._cond.wait(remaining)
 
-    def _pick(self, n: int, policy_version: int) -> tuple[list[Group], list[Group]]:
+    def _pick(self, n: int, policy_version: int) -> tuple[list[Group], list[Group], list[Group]]:
+        """(stale groups, groups of an abandoned lineage, the n to deliver), oldest first. A sample newer than the
+        trainer's policy cannot come from its lineage (replicas only hold versions it published): it was generated
+        by weights of a trainer that died after publishing them and resumed from an older checkpoint."""
         floor = policy_version - self.settings.max_staleness
-        stale, take = [], []
+        stale, abandoned, take = [], [], []
         for g in self.state.ready.values():
             if len(take) == n:
                 break
-            if any(e.weight_version < floor for e in g.entries()):
+            if any(e.weight_version > policy_version for e in g.entries()):
+                abandoned.append(g)
+            elif any(e.weight_version < floor for e in g.entries()):
                 stale.append(g)
             else:
                 take.append(g)
-        return stale, take
+        return stale, abandoned, take
 
     def _cancellations(self, step: int, gone: set[str]) -> list[Mutation]:
         """Once `step` has its batch, a group in flight can feed step+1 at the earliest: cancel those whose claim
@@ -368,6 +427,10 @@ class BufferCore:
 
     # ---- Ack -----------------------------------------------------------------------------------------------------
     def ack(self, committed_step: int) -> int:
+        """Acknowledge every batch up to committed_step. The reply does not wait for the fsync (the next durable
+        reply's fsync covers it): a lost Ack loses nothing and trains nothing twice, since acks are cumulative, a
+        batch that is still unacked is only ever re-delivered for its own step, and the trainer acks its checkpoint
+        again when it resumes."""
         with self._cond:
             self._ensure_loaded()
             st = self.state
@@ -382,6 +445,38 @@ class BufferCore:
             self._commit([AckSteps(committed_step, tuple(steps), tuple(g.ready_seq for g in groups),
                                    tuple(e.seq for e in entries), len(entries), len(groups))])
             return len(entries)
+
+    # ---- samples a checkpoint already committed -------------------------------------------------------------------
+    @durable_reply
+    def drop_trained(self, committed: Mapping[str, int]) -> int:
+        """Drop (reason `trained`) every ready or open group holding a sample a trainer checkpoint committed
+        (sample id `gid/index` -> checkpoint step): a store that lost recent records (power loss under a weaker
+        fsync, a salvaged log) would otherwise deliver it again. Returns the samples dropped."""
+        if not committed:
+            return 0
+        with self._cond:
+            self._ensure_loaded()
+            st, until = self.state, self.clock() + self.settings.lease_seconds
+
+            def trained(g: Group) -> bool:
+                return any(sample_key(g.gid, i) in committed for i in g.samples)
+
+            ready = [g for g in st.ready.values() if trained(g)]
+            open_ = sorted((g for g in st.open.values() if trained(g)), key=lambda g: g.prompt_index)
+            muts: list[Mutation] = []
+            if ready:
+                seqs = tuple(e.seq for g in ready for e in g.entries())
+                muts.append(Stale(tuple(g.gid for g in ready), tuple(g.ready_seq for g in ready), seqs, len(seqs),
+                                  "trained"))
+            muts.extend(Cancel(g.gid, until, tuple(sorted(g.samples)), tuple(e.seq for e in g.samples.values()),
+                               "trained") for g in open_)
+            if not muts:
+                return 0
+            self._commit(muts)
+            n = sum(len(g.kept) for g in ready) + sum(len(g.samples) for g in open_)
+            log.warning("dropped %d samples of %d groups a checkpoint already committed (reason: trained): %s", n,
+                        len(ready) + len(open_), ", ".join(g.gid for g in [*ready, *open_][:8]))
+            return n
 
     # ---- Stats ---------------------------------------------------------------------------------------------------
     @property
@@ -403,16 +498,49 @@ class BufferCore:
 
     # ---- commit, reload, metrics ---------------------------------------------------------------------------------
     def _commit(self, muts: list[Mutation]) -> None:
+        """Write muts (the reply syncs them: durable_reply) and apply them. Called with the lock held."""
         try:
-            self.store.commit(muts, self.state)
-        except Exception:
+            self._written = self.store.append(muts, self.state)
+        except Exception as exc:
             self._reload = True       # the store may or may not hold these; trust only what it holds
+            self._note_superseded(exc)
             raise
         for m in muts:
             self.state.apply(m)
         if self.metrics is not None:
             observe(self.metrics, self.state, muts)
         self._cond.notify_all()
+
+    def _settle(self) -> None:
+        """Wait (without the lock) until the last commit written is durable; on failure reload before the next call."""
+        try:
+            self.store.sync(self._written)
+        except StoreError as exc:
+            with self._cond:
+                self._reload = True
+            self._note_superseded(exc)
+            raise
+
+    def _note_superseded(self, exc: BaseException) -> None:
+        if isinstance(exc, Superseded) and not self.superseded.is_set():
+            log.error("buffer superseded: %s", exc)
+            self.superseded.set()
+
+    def healthy(self) -> bool:
+        """False while the store keeps failing; a failing store is probed with a harmless write to see it recover."""
+        with self._cond:
+            if self.superseded.is_set():
+                return False
+            if self.store.healthy():
+                return True
+            try:
+                ok = self.store.probe()
+            except StoreError as exc:
+                self._note_superseded(exc)
+                return False
+            if ok:
+                self._reload = True        # trust only what the store holds
+            return ok
 
     def _ensure_loaded(self) -> None:
         if self._reload:

@@ -68,6 +68,7 @@ class Cancel:
     until: float
     indices: tuple[int, ...]
     sample_seqs: tuple[int, ...]     # samples that leave the store (empty when replayed from a snapshot)
+    reason: str = "aborted"          # what the samples that leave count as (`trained`: a checkpoint committed them)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,15 @@ class Discard:
 
     gid: str
     indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Samples not stored, counted as dropped for `reason` (e.g. `superseded_lease`: put under a lease the buffer
+    had already re-issued to another replica, so they never displace the fresh holder's samples)."""
+
+    reason: str
+    samples: int
 
 
 @dataclass(frozen=True)
@@ -126,8 +136,8 @@ class Counters:
     cancelled_groups: int = 0
 
 
-Mutation = Issue | Add | Close | Stale | Cancel | Discard | Forget | Deliver | AckSteps | Policy | Counters
-_TYPES: dict[str, type] = {t.__name__: t for t in (Issue, Add, Close, Stale, Cancel, Discard, Forget, Deliver,
+Mutation = Issue | Add | Close | Stale | Cancel | Discard | Refuse | Forget | Deliver | AckSteps | Policy | Counters
+_TYPES: dict[str, type] = {t.__name__: t for t in (Issue, Add, Close, Stale, Cancel, Discard, Refuse, Forget, Deliver,
                                                    AckSteps, Policy, Counters)}
 # Header field names per type, in declaration order ("data" travels as the payload). Every field is a str, number,
 # tuple or flat dict, so the header is built directly: dataclasses.asdict deep-copies and cost ~45 us a record.

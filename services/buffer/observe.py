@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlfleet.metrics import BufferMetrics
-from services.buffer.mutations import AckSteps, Add, Cancel, Close, Deliver, Discard, Mutation, Stale
+from services.buffer.mutations import AckSteps, Add, Cancel, Close, Deliver, Discard, Mutation, Refuse, Stale
 from services.buffer.state import State
 
 
@@ -18,7 +18,9 @@ def observe(m: BufferMetrics, state: State, muts: list[Mutation]) -> None:
         elif isinstance(mut, Stale):
             m.dropped.labels(reason=mut.reason).inc(mut.samples)
         elif isinstance(mut, Cancel):
-            m.dropped.labels(reason="aborted").inc(len(mut.sample_seqs))
+            m.dropped.labels(reason=mut.reason).inc(len(mut.sample_seqs))
+        elif isinstance(mut, Refuse):
+            m.dropped.labels(reason=mut.reason).inc(mut.samples)
         elif isinstance(mut, Discard):
             m.dropped.labels(reason="aborted").inc(len(mut.indices))
         elif isinstance(mut, Deliver):

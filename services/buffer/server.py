@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 
+from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
 
 from rlfleet.config import Config
@@ -21,20 +23,24 @@ from services.buffer.service import SERVICE, BufferService, add_to_server
 from services.buffer.settings import BufferSettings
 from services.buffer.stores import StoreError
 from services.buffer.stores.factory import open_store
+from services.trainer.committed import committed_after
 
 log = logging.getLogger("buffer")
 SERVICE_NAME = SERVICE
 
 
 def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience: float = 30.0) -> BufferCore:
-    """Open the store (retrying while it is unreachable, e.g. Redis still starting) and load the state."""
+    """Open the store (retrying while it is unreachable, e.g. Redis still starting) and load the state; samples the
+    trainer's checkpoints committed after the store's last Ack are dropped (reason `trained`), never delivered."""
     metrics = BufferMetrics(registry) if registry is not None else None
     filters = load_filters(cfg.buffer.filters)
     end = time.monotonic() + patience
     while True:
         try:
-            return BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics,
+            core = BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics,
                               limits=model_limits(cfg.model_path), version_lead=cfg.security.version_lead)
+            core.drop_trained(committed_after(cfg.run_dir, core.state.committed_step))
+            return core
         except StoreError as exc:
             if time.monotonic() > end:
                 raise
@@ -48,6 +54,29 @@ def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
     server.add(add_to_server, BufferService(core), SERVICE_NAME)
     server.start()
     return server
+
+
+def watch_health(core: BufferCore, server: Server, stop: threading.Event, every: float = 1.0) -> threading.Thread:
+    """Health follows the store: NOT_SERVING while it keeps failing (probed each `every` s, so it returns to SERVING
+    when the disk or Redis does); a superseded buffer (a newer writer epoch) sets stop: it must exit."""
+
+    def loop() -> None:
+        serving = True
+        while not stop.wait(every):
+            ok = core.healthy()
+            if ok != serving:
+                serving = ok
+                status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+                for name in ("", SERVICE_NAME):
+                    server.health.set(name, status)
+                (log.info if ok else log.error)("store %s: health %s", "recovered" if ok else "failing",
+                                                "SERVING" if ok else "NOT_SERVING")
+            if core.superseded.is_set():
+                stop.set()
+
+    thread = threading.Thread(target=loop, name="buffer-health", daemon=True)
+    thread.start()
+    return thread
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,9 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
                      "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
 
+    watch_health(core, server, stop)
     serve_until(stop, write_stats, tick_every=10.0)
     server.stop(grace=2.0)
     core.close()
     jsonl.close()
+    if core.superseded.is_set():
+        print("buffer: superseded by a newer buffer on the same store (writer epoch); exiting", file=sys.stderr)
+        return 3
     log.info("buffer stopped")
     return 0

@@ -47,7 +47,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         try:
             return fn()
         except (BufferRefusal, StoreError) as exc:
-            context.abort(_CODES[type(exc)], str(exc))
+            context.abort(next(c for t, c in _CODES.items() if isinstance(exc, t)), str(exc))
             raise  # unreachable: abort raises
 
     def Claim(self, request: buffer_pb2.ClaimRequest, context: grpc.ServicerContext) -> buffer_pb2.ClaimReply:

@@ -17,6 +17,7 @@ from services.buffer.mutations import (
     Issue,
     Mutation,
     Policy,
+    Refuse,
     Stale,
 )
 
@@ -129,10 +130,12 @@ class State:
             g = self.open.pop(m.gid)
             self.cancelled[m.gid] = Cancelled(m.gid, g.prompt_index, g.group_size, g.replica, m.until, set(m.indices))
             self.cancelled_groups += 1
-            self._count_drops({"aborted": len(m.sample_seqs)})
+            self._count_drops({m.reason: len(m.sample_seqs)})
         elif isinstance(m, Discard):
             self.cancelled[m.gid].counted.update(m.indices)
             self._count_drops({"aborted": len(m.indices)})
+        elif isinstance(m, Refuse):
+            self._count_drops({m.reason: m.samples})
         elif isinstance(m, Forget):
             for gid in m.gids:
                 self.cancelled.pop(gid, None)

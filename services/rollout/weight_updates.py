@@ -68,7 +68,13 @@ class WeightUpdater:
         self._verifier = verifier            # set: only versions signed by the trainer's key are loaded
         self._lock = threading.Lock()          # one update at a time (subscription and LoadWeights)
         self.digest = ""                       # digest of the last applied version ("" = initial weights)
+        self.epoch = 0                         # trainer epoch of the last applied version (0 = initial weights)
         self.failures = 0
+
+    def newer(self, manifest: weights_pb2.WeightManifest) -> bool:
+        """Whether manifest is newer than what the engine serves, by (epoch, version): after a trainer resumed from
+        an older checkpoint (a newer epoch), its lower-numbered versions replace the abandoned lineage's."""
+        return (manifest.epoch, manifest.version) > (self.epoch, self.engine.weight_version)
 
     def apply(self, manifest: weights_pb2.WeightManifest) -> weights_pb2.UpdateResult:
         with self._lock:
@@ -83,12 +89,14 @@ class WeightUpdater:
     def _apply_locked(self, manifest: weights_pb2.WeightManifest) -> weights_pb2.UpdateResult:
         start = time.monotonic()
         if manifest.version == self.engine.weight_version and manifest.digest == self.digest:
+            self.epoch = max(self.epoch, manifest.epoch)   # the same weights, whatever epoch announced them
             return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,
                                             digest=self.digest)               # already applied (LoadWeights + sub)
         error = ""
         for attempt in (1, 2):
             try:
                 nbytes = self._fetch_and_load(manifest)
+                self.epoch = manifest.epoch
                 return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,
                                                 digest=self.digest, seconds=time.monotonic() - start, bytes=nbytes)
             except Exception as exc:  # noqa: BLE001 - any failure keeps the previous version serving
@@ -210,11 +218,12 @@ def subscribe_loop(channel: grpc.Channel, updater: WeightUpdater, stop: threadin
     while not stop.is_set():
         try:
             request = weight_sync_pb2.SubscribeRequest(replica_id=updater.replica_id,
-                                                       have_version=updater.engine.weight_version)
+                                                       have_version=updater.engine.weight_version,
+                                                       have_epoch=updater.epoch)
             current[0] = call = stub.Subscribe(request, timeout=stream_seconds)
             for manifest in call:
                 backoff = 0.5
-                if manifest.version > updater.engine.weight_version:
+                if updater.newer(manifest):
                     updater.apply(manifest)
         except grpc.RpcError as exc:
             if stop.is_set() or exc.code() == grpc.StatusCode.CANCELLED:

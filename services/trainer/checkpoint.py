@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from rlfleet.atomic import write_bytes_atomic, write_text_atomic
 from rlfleet.security.safe_unpickle import SafeFileSystemReader, SafeLoadPlanner
+from services.trainer.committed import committed_ids_name
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,6 @@ def _set_rng_states(folder: Path, rank: int, device: torch.device) -> None:
             torch.set_rng_state(state)
         elif device.type == "cuda":
             torch.cuda.set_rng_state(state, device)
-
-
-def committed_ids_name(rank: int) -> str:
-    return f"committed_ids_rank{rank:05d}.json"
 
 
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -10,6 +10,7 @@ nothing, so rank 0 stages once more -- now over the gRPC fallback -- and every r
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -60,6 +61,9 @@ class WeightPublisher:
                  device: torch.device | str = "cpu", world: int = 1) -> None:
         ws = cfg.weight_sync
         self.weight_sync = weight_sync
+        # this trainer's lineage: its start time in ms, so a trainer resumed from an older checkpoint publishes
+        # under a newer epoch than anything the run published before, and replicas order by (epoch, version)
+        self.epoch = time.time_ns() // 1_000_000
         self.device = torch.device(device)            # where the flag all_reduce runs (CUDA under NCCL)
         self.signer = Signer.from_file(cfg.security.signing_key) if cfg.security.signing_key else None
         self._control = channel(cfg.endpoints.weight_sync, token) if cfg.endpoints.weight_sync else None
@@ -107,6 +111,7 @@ class WeightPublisher:
         manifest = self._stage(version, step, state, tee)
         if not manifest.endpoint:
             manifest.endpoint = self.endpoint
+        manifest.epoch = self.epoch
         if adapter:                          # LoRA: `state` holds adapter tensors only (rank, alpha, targets)
             manifest.adapter_only = True
             manifest.options.update(adapter)

@@ -16,6 +16,11 @@ from rlfleet.v1 import weights_pb2
 KEEP_MANIFESTS = 16   # older versions stay verifiable for a while
 
 
+def order(manifest: weights_pb2.WeightManifest) -> tuple[int, int]:
+    """Versions order by (epoch, version): a resumed trainer's epoch is newer, so its lower numbers win."""
+    return (manifest.epoch, manifest.version)
+
+
 @dataclass
 class Published:
     manifest: weights_pb2.WeightManifest
@@ -94,11 +99,11 @@ class VersionBoard:
             return self._latest
 
     # --- replicas ------------------------------------------------------------------------------------------------
-    def subscribe(self, replica_id: str, have_version: int) -> Subscription:
+    def subscribe(self, replica_id: str, have_version: int, have_epoch: int = 0) -> Subscription:
         with self._cond:
             sub = Subscription(next(self._ids), replica_id, self._cond)
             sub.closed = self._closed
-            if self._latest is not None and self._latest.version > have_version:
+            if self._latest is not None and order(self._latest) > (have_epoch, have_version):
                 sub.offer(self._latest)
             self._subs[sub.sub_id] = sub
             self._cond.notify_all()

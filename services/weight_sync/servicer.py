@@ -32,9 +32,12 @@ class WeightSyncServicer(weight_sync_pb2_grpc.WeightSyncServicer):
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version {request.version}: {problem}")
         latest = self._board.latest
-        if latest is not None and request.version < latest.version:
-            log.warning("version %d published after version %d (trainer resumed from an older checkpoint?)",
-                        request.version, latest.version)
+        if latest is not None and request.epoch > latest.epoch:
+            log.warning("version %d published under a new trainer epoch %d (was %d, version %d): replicas load it "
+                        "even where its number is lower", request.version, request.epoch, latest.epoch,
+                        latest.version)
+        elif latest is not None and request.version < latest.version:
+            log.warning("version %d published after version %d in the same epoch", request.version, latest.version)
         n = self._board.publish(request)
         self._metrics.published_version.set(request.version)
         log.info("published version %d (step %d, %s, %d tensors, %d bytes) to %d subscriber(s)", request.version,
@@ -45,7 +48,7 @@ class WeightSyncServicer(weight_sync_pb2_grpc.WeightSyncServicer):
 
     def Subscribe(self, request: weight_sync_pb2.SubscribeRequest,  # noqa: N802
                   context: grpc.ServicerContext) -> Iterator[weights_pb2.WeightManifest]:
-        sub = self._board.subscribe(request.replica_id, request.have_version)
+        sub = self._board.subscribe(request.replica_id, request.have_version, request.have_epoch)
         context.add_callback(lambda: self._board.unsubscribe(sub))   # runs when the client goes away
         log.info("replica %s subscribed (has version %d)", request.replica_id, request.have_version)
         try:

@@ -1,4 +1,4 @@
-"""A private redis-server for tests: free loopback port, AOF on (everysec), no RDB, in a temp folder.
+"""A private redis-server for tests: free loopback port, AOF on (appendfsync always), no RDB, in a temp folder.
 
 kill9() and restart() simulate a crash; the same port and folder are reused, so the AOF is replayed.
 """
@@ -37,7 +37,7 @@ class RedisServer:
 
     def start(self, timeout: float = 15.0) -> RedisServer:
         cmd = [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-               "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+               "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
                "--protected-mode", "yes", "--logfile", str(self.dir / "redis.log")]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=1)

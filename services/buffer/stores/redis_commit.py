@@ -23,6 +23,7 @@ from services.buffer.mutations import (
     Issue,
     Mutation,
     Policy,
+    Refuse,
     Stale,
 )
 from services.buffer.state import State
@@ -77,6 +78,8 @@ class CommitBuilder:
                 rec = self._record(m.gid)
                 rec["i"] = sorted({*rec["i"], *m.indices})
                 self._drop((), {"aborted": len(m.indices)})
+            elif isinstance(m, Refuse):
+                self._drop((), {m.reason: m.samples})
             elif isinstance(m, Forget):
                 for gid in m.gids:
                     self.cancelled.pop(gid, None)
@@ -128,7 +131,7 @@ class CommitBuilder:
         self.pipe.hdel(self.k["open"], m.gid)
         self.cancelled[m.gid] = {"p": g.prompt_index, "n": g.group_size, "r": g.replica, "u": m.until,
                                  "i": list(m.indices)}
-        self._drop(m.sample_seqs, {"aborted": len(m.sample_seqs)})
+        self._drop(m.sample_seqs, {m.reason: len(m.sample_seqs)})
 
     def _record(self, gid: str) -> dict[str, Any]:
         """The cancelled-group record as this commit leaves it (from the state when this commit has not touched it)."""

@@ -1,0 +1,119 @@
+"""The fault harness's ledger and checker (Jepsen's method: record what clients saw, then check it).
+
+The ledger records, per sample id (`group/index`): when a Put carrying it was acknowledged, which steps delivered
+it, which committed step records (the trainer's checkpoints) trained it, and the samples the buffer dropped by
+reason (its Stats). It also records every fault: its kind, when it was injected, when it ended (restart, SIGCONT,
+space back) and when the run next made progress (a step committed). check() is written from the ledger alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Fault:
+    kind: str
+    injected: float
+    ended: float = 0.0
+    recovered: float = 0.0          # the first step committed after `ended` (0: never)
+
+
+@dataclass
+class Ledger:
+    put: dict[str, float] = field(default_factory=dict)                 # sample id -> first acknowledgement
+    tickets: set[str] = field(default_factory=set)                      # group ids Claim handed out
+    delivered: dict[int, list[str]] = field(default_factory=dict)       # step -> sample ids of its batch
+    trained: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))   # id -> committed steps
+    committed: dict[int, float] = field(default_factory=dict)           # step -> when its record was written
+    dropped: dict[str, int] = field(default_factory=dict)               # reason -> samples (buffer Stats)
+    stored_at_end: set[str] = field(default_factory=set)                # ids still in the store at the end
+    faults: list[Fault] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)                      # e.g. a batch whose ids changed
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def acked(self, ids: list[str]) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for i in ids:
+                self.put.setdefault(i, now)
+
+    def commit(self, step: int, ids: list[str]) -> None:
+        with self.lock:
+            self.committed[step] = time.monotonic()
+            for i in ids:
+                self.trained[i].append(step)
+            for f in self.faults:
+                if f.ended and not f.recovered:
+                    f.recovered = self.committed[step]
+
+    def fault(self, kind: str) -> Fault:
+        f = Fault(kind, time.monotonic())
+        with self.lock:
+            self.faults.append(f)
+        return f
+
+
+@dataclass(frozen=True)
+class Verdict:
+    lost: list[str]              # acknowledged, never trained, not in the store at the end, not counted dropped
+    trained_twice: list[str]
+    unexpected: list[str]        # trained but never acknowledged by a Put (or a batch that changed on redelivery)
+    put: int
+    trained: int
+    dropped: dict[str, int]
+    recovered: dict[str, int]    # fault kind -> faults after which the run made progress again
+    unrecovered: dict[str, int]
+    recovery_s: dict[str, list[float]]   # fault kind -> seconds from the fault's end to the next committed step
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.trained_twice or self.unexpected) and not any(self.unrecovered.values())
+
+    def line(self) -> str:
+        rec = ", ".join(f"{k} {self.recovered.get(k, 0)}/{self.recovered.get(k, 0) + self.unrecovered.get(k, 0)}"
+                        for k in sorted({*self.recovered, *self.unrecovered}))
+        return (f"put {self.put} trained {self.trained} dropped {self.dropped or {}}: lost {len(self.lost)}, "
+                f"trained twice {len(self.trained_twice)}, unexpected {len(self.unexpected)}; recovered {rec}")
+
+
+def check(ledger: Ledger) -> Verdict:
+    put, trained = set(ledger.put), set(ledger.trained)
+    twice = sorted(i for i, steps in ledger.trained.items() if len(steps) > 1)
+    unexpected = sorted(trained - put) + ledger.notes
+    missing = put - trained - ledger.stored_at_end
+    # the buffer names drops by reason, not by id: missing ids are covered by drops only up to their count
+    allowed = sum(n for reason, n in ledger.dropped.items() if reason != "duplicate")
+    lost = sorted(missing) if len(missing) > allowed else []
+    recovered: dict[str, int] = defaultdict(int)
+    unrecovered: dict[str, int] = defaultdict(int)
+    times: dict[str, list[float]] = defaultdict(list)
+    for f in ledger.faults:
+        if f.recovered:
+            recovered[f.kind] += 1
+            times[f.kind].append(f.recovered - (f.ended or f.injected))
+        else:
+            unrecovered[f.kind] += 1
+    return Verdict(lost, twice, unexpected, len(put), len(trained), dict(ledger.dropped), dict(recovered),
+                   dict(unrecovered), dict(times))
+
+
+def summarize(verdicts: list[Verdict]) -> str:
+    """Totals over runs, and recovery time p50 / max per fault kind."""
+    lost = sum(len(v.lost) for v in verdicts)
+    twice = sum(len(v.trained_twice) for v in verdicts)
+    unexpected = sum(len(v.unexpected) for v in verdicts)
+    lines = [f"{len(verdicts)} runs: lost {lost}, trained twice {twice}, unexpected {unexpected}; "
+             f"{sum(v.put for v in verdicts)} samples put, {sum(v.trained for v in verdicts)} trained"]
+    kinds = sorted({k for v in verdicts for k in (*v.recovered, *v.unrecovered)})
+    for kind in kinds:
+        ts = [t for v in verdicts for t in v.recovery_s.get(kind, [])]
+        n_ok = sum(v.recovered.get(kind, 0) for v in verdicts)
+        n_all = n_ok + sum(v.unrecovered.get(kind, 0) for v in verdicts)
+        span = f"p50 {statistics.median(ts):.2f} s, max {max(ts):.2f} s" if ts else "no recovery times"
+        lines.append(f"  {kind:<16} recovered {n_ok}/{n_all}; recovery {span}")
+    return "\n".join(lines)
