@@ -241,8 +241,9 @@ def test_plugin_import_failure_exits_2_naming_the_plugin(tmp_path: Path) -> None
 
 
 def test_weight_versions_arrive_by_subscription_and_load_weights(tmp_path: Path) -> None:
-    bucketed = pytest.importorskip("services.weight_sync.transports.bucketed")
     from transformers import AutoModelForCausalLM
+
+    from services.weight_sync.transports import bucketed
 
     buffer, weights = FakeBuffer(groups=0), FakeWeightSync()
     bsrv, wsrv = Server("127.0.0.1:0", TOKEN), Server("127.0.0.1:0", TOKEN)

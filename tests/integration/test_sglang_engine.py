@@ -24,6 +24,7 @@ from services.rollout.engines.sglang_protocol import generate_body
 from services.rollout.engines.sglang_server import SGLangServer
 from services.rollout.engines.torch_engine import TorchEngine
 from services.weight_sync.manifest import digest_of
+from tests.support.requires import requires
 from tests.support.sglang_stub import (
     INSTALL_HINT,
     STUB_DIR,
@@ -35,7 +36,7 @@ from tests.support.sglang_stub import (
 
 PYTHON = sglang_python()
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1200),
-              pytest.mark.skipif(PYTHON is None, reason=f"no SGLang venv: {INSTALL_HINT}")]
+              requires(None if PYTHON else f"no SGLang venv: {INSTALL_HINT}")]
 
 PROMPTS = [[1, 5, 6, 14, 7], [1, 9, 9, 9], [1, 4, 15, 4, 16], [1, 12, 10, 13, 11, 14, 8, 5]]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)

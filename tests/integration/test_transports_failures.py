@@ -21,6 +21,7 @@ from services.weight_sync.peers import PeerDirectory
 from services.weight_sync.servicer import WeightSyncServicer
 from services.weight_sync.transports.bucketed_sender import stage_tensors
 from services.weight_sync.transports.nixl_agent import available as nixl_missing
+from tests.support.requires import requires
 
 torch.set_num_threads(1)
 BUCKET = 1024
@@ -136,7 +137,7 @@ def test_truncated_broadcast_stream_keeps_previous_version() -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(NIXL_MISSING is not None, reason=f"nixl does not import: {NIXL_MISSING} (pip install nixl)")
+@requires(f"nixl does not import: {NIXL_MISSING} (pip install nixl)" if NIXL_MISSING else None)
 def test_nixl_peer_dying_mid_transfer_keeps_previous_version() -> None:
     from services.weight_sync.transports.nixl_receiver import NixlReceiver
 

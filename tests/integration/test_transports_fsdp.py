@@ -22,6 +22,7 @@ from services.rollout.weight_updates import TransportReceivers, WeightUpdater, s
 from services.weight_sync.board import VersionBoard
 from services.weight_sync.servicer import WeightSyncServicer
 from services.weight_sync.transports.nixl_agent import available as nixl_missing
+from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
@@ -190,6 +191,6 @@ def test_disk_delta_replica_bit_identical_after_three_updates(run: tuple[Path, d
     assert kinds == ["base", "delta", "delta", "delta"]
 
 
-@pytest.mark.skipif(NIXL_MISSING is not None, reason=f"nixl does not import: {NIXL_MISSING} (pip install nixl)")
+@requires(f"nixl does not import: {NIXL_MISSING} (pip install nixl)" if NIXL_MISSING else None)
 def test_nixl_replica_bit_identical_after_three_updates(run: tuple[Path, dict[str, Replica]]) -> None:
     _check("nixl", run)

@@ -15,10 +15,11 @@ import torch.distributed as dist
 
 from tests.support.megatron_cpu_shims import megatron_on_cpu, megatron_skip_reason
 from tests.support.megatron_runs import make_tiny_qwen2, run_config
+from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
 
 SKIP = megatron_skip_reason()
-pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+pytestmark = requires(SKIP)
 
 LOGIT_TOL = 1e-4
 

@@ -18,6 +18,7 @@ from services.rollout.engines.base import EngineError
 from services.rollout.engines.sglang_client import SGLangClient, SGLangError
 from services.rollout.engines.sglang_engine import SGLangEngine
 from services.rollout.engines.sglang_protocol import generate_body, parse_generate_response, sampling_body
+from tests.support.requires import requires
 from tests.support.sglang_stub import INSTALL_HINT, STUB_DIR, make_sglang_tiny_model, sglang_python
 
 
@@ -64,7 +65,7 @@ CANARIES = [  # wrong on purpose: the check must catch a misspelt key, a key the
     {"path": "/update_weights_from_disk", "body": {"model_path": "/w", "weight_versoin": "1"}},
     {"path": "/generate", "body": {"input_ids": [1], "sampling_params": {"seed": 3}}},
 ]
-needs_sglang = pytest.mark.skipif(PYTHON is None, reason=f"no SGLang venv: {INSTALL_HINT}")
+needs_sglang = requires(None if PYTHON else f"no SGLang venv: {INSTALL_HINT}")
 
 
 @pytest.fixture(scope="module")
