@@ -10,7 +10,7 @@ import grpc
 from rlfleet.metrics import JsonlLog, WeightSyncMetrics
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.weight_sync.board import VersionBoard
-from services.weight_sync.manifest import check_manifest_digest
+from services.weight_sync.transports.manifest import check_manifest_digest
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from rlfleet.dtypes import SAFETENSORS_DTYPES
 from services.rollout.engines.base import EngineError
 from services.rollout.engines.sglang_client import SGLangClient
-
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
-           "I64": torch.int64, "I32": torch.int32}
 
 
 def held_specs(model_path: Path) -> dict[str, torch.Tensor]:
@@ -29,7 +27,7 @@ def held_specs(model_path: Path) -> dict[str, torch.Tensor]:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():                                          # noqa: SIM118 - safe_open API
                 sl = st.get_slice(name)
-                specs[name] = torch.empty(sl.get_shape(), dtype=_DTYPES[sl.get_dtype()], device="meta")
+                specs[name] = torch.empty(sl.get_shape(), dtype=SAFETENSORS_DTYPES[sl.get_dtype()], device="meta")
     if not specs:
         raise EngineError(f"no .safetensors tensors in {model_path}")
     config = json.loads((Path(model_path) / "config.json").read_text())

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlfleet.config import Config
+from rlfleet.dtypes import DTYPES
 from rlfleet.sample import Sample
 from services.trainer import checkpoint
 from services.trainer.algorithms import needs_critic, needs_teacher
@@ -37,7 +38,6 @@ from services.trainer.packing import packed_forward_logprobs
 from services.trainer.routing_replay import RoutingReplay
 from services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
 from services.trainer.step import StepContext, train_step
-from services.weight_sync.manifest import DTYPES
 from services.weight_sync.transports.sharded import ShardedState
 
 log = logging.getLogger(__name__)

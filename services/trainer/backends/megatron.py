@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.config import Config
+from rlfleet.dtypes import DTYPES
 from rlfleet.sample import Sample
 from services.trainer.algorithms import needs_critic, needs_teacher
 from services.trainer.backends import megatron_checkpoint
@@ -29,7 +30,6 @@ from services.trainer.checkpoint import CheckpointInfo
 from services.trainer.hooks import call_hooks
 from services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
 from services.trainer.step import StepContext
-from services.weight_sync.manifest import DTYPES
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 import xxhash
 
-from services.weight_sync.manifest import DTYPES
+from rlfleet.dtypes import DTYPES
 from services.weight_sync.transports.layout import Layout, TensorSpec
 
 

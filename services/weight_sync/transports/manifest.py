@@ -54,12 +54,3 @@ def digest_of(named: Iterable[tuple[str, torch.Tensor]]) -> str:
 def manifest_pairs(manifest: weights_pb2.WeightManifest) -> list[tuple[str, str]]:
     return [(e.name, e.xxh64) for e in manifest.tensors]
 
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
-    "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

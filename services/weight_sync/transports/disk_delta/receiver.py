@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.manifest import check_manifest_digest, tensor_xxh64
-from services.weight_sync.transports.delta_codec import apply
-from services.weight_sync.transports.delta_files import Index, read_index, read_parts
+from services.weight_sync.transports.disk_delta.codec import apply
+from services.weight_sync.transports.disk_delta.files import Index, read_index, read_parts
 from services.weight_sync.transports.errors import WeightTransferError
+from services.weight_sync.transports.manifest import check_manifest_digest, tensor_xxh64
 
 TRANSPORT = "disk_delta"
 MAX_CHAIN = 10_000
@@ -87,3 +87,6 @@ class DeltaReceiver:
             out.append((e.name, t))
         self._last = (version, {n: t for n, t in out if n not in engine_names})   # only what the engine lacks
         return out
+
+    def close(self) -> None:
+        self._last = None

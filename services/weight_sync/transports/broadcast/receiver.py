@@ -21,11 +21,19 @@ from collections.abc import Callable
 import torch
 
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
-from services.weight_sync.transports.broadcast_wire import CLOSE, HEADER_LEN, parse
-from services.weight_sync.transports.bucketed_receiver import fetch as fetch_bucketed
-from services.weight_sync.transports.bucketed_receiver import unpack
+from services.weight_sync.transports.broadcast.group import (
+    PEER_ID,
+    TRANSPORT,
+    Group,
+    broadcast,
+    drop,
+    join,
+    record_left,
+)
+from services.weight_sync.transports.broadcast.wire import CLOSE, HEADER_LEN, parse
+from services.weight_sync.transports.bucketed.receiver import fetch as fetch_bucketed
+from services.weight_sync.transports.bucketed.receiver import unpack
 from services.weight_sync.transports.errors import WeightTransferError
-from services.weight_sync.transports.group import PEER_ID, TRANSPORT, Group, broadcast, drop, join, record_left
 from services.weight_sync.transports.layout import checked_layout
 
 log = logging.getLogger(__name__)
@@ -110,6 +118,9 @@ class BroadcastReceiver:
         with self._cond:
             self.dead = reason
             self._cond.notify_all()
+
+    def close(self) -> None:
+        """The membership ends with the process (the daemon thread leaves the group when the trainer drops it)."""
 
     # --- fetch ------------------------------------------------------------------------------------------------------
     def wait_joined(self, timeout: float) -> bool:

@@ -18,7 +18,7 @@ import torch
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
 from services.weight_sync.transports.fill import BucketFiller
 from services.weight_sync.transports.layout import aligned_bucket_bytes, plan
-from services.weight_sync.transports.nixl_agent import TRANSPORT, done_message, make_agent, wait_xfer
+from services.weight_sync.transports.nixl.agent import TRANSPORT, done_message, make_agent, wait_xfer
 from services.weight_sync.transports.planned import build_manifest
 from services.weight_sync.transports.sharded import materialize
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
+from rlfleet.dtypes import dtype_name
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.manifest import dtype_name, manifest_digest, tensor_xxh64
-from services.weight_sync.transports.delta_codec import ENCODINGS, changed_elements, encode
-from services.weight_sync.transports.delta_files import Index, version_dir, write_version
+from services.weight_sync.transports.disk_delta.codec import ENCODINGS, changed_elements, encode
+from services.weight_sync.transports.disk_delta.files import Index, version_dir, write_version
+from services.weight_sync.transports.manifest import manifest_digest, tensor_xxh64
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,18 @@ import numpy as np
 import torch
 
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
-from services.weight_sync.transports.broadcast_wire import CLOSE, header_tensor, table_tensor
-from services.weight_sync.transports.bucketed_sender import BucketedSender, StagedVersion
+from services.weight_sync.transports.broadcast.group import (
+    PEER_ID,
+    TRANSPORT,
+    Group,
+    TrainerRendezvous,
+    broadcast,
+    drop,
+)
+from services.weight_sync.transports.broadcast.wire import CLOSE, header_tensor, table_tensor
+from services.weight_sync.transports.bucketed.sender import BucketedSender, StagedVersion
 from services.weight_sync.transports.errors import GroupLost
 from services.weight_sync.transports.fill import BucketFiller, emission_order
-from services.weight_sync.transports.group import PEER_ID, TRANSPORT, Group, TrainerRendezvous, broadcast, drop
 from services.weight_sync.transports.layout import Layout, plan
 from services.weight_sync.transports.planned import build_manifest
 from services.weight_sync.transports.sharded import materialize

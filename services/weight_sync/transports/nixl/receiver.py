@@ -18,10 +18,10 @@ from collections.abc import Callable
 import torch
 
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
-from services.weight_sync.transports.bucketed_receiver import unpack
+from services.weight_sync.transports.bucketed.receiver import unpack
 from services.weight_sync.transports.errors import WeightTransferError
 from services.weight_sync.transports.layout import checked_layout
-from services.weight_sync.transports.nixl_agent import TRANSPORT, device_id, done_message, make_agent, mem_type
+from services.weight_sync.transports.nixl.agent import TRANSPORT, device_id, done_message, make_agent, mem_type
 
 log = logging.getLogger(__name__)
 

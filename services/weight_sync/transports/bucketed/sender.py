@@ -14,10 +14,11 @@ import grpc
 import numpy as np
 import torch
 
+from rlfleet.dtypes import DTYPES, dtype_name
 from rlfleet.rpc import MAX_MESSAGE_BYTES, Server
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
-from services.weight_sync.manifest import DTYPES, buffer_xxh64, dtype_name, manifest_digest
 from services.weight_sync.transports.layout import ALIGN, Layout, TensorSpec, aligned_bucket_bytes, plan
+from services.weight_sync.transports.manifest import buffer_xxh64, manifest_digest
 from services.weight_sync.transports.sharded import materialize
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,12 @@ import grpc
 import numpy as np
 import torch
 
+from rlfleet.dtypes import DTYPES
 from rlfleet.rpc import channel
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
-from services.weight_sync.manifest import DTYPES, buffer_xxh64, manifest_digest
 from services.weight_sync.transports.errors import WeightTransferError
 from services.weight_sync.transports.layout import Layout, checked_layout
+from services.weight_sync.transports.manifest import buffer_xxh64, manifest_digest
 
 TRANSPORT = "bucketed"
 _EMPTY_XXH64 = buffer_xxh64(b"")
@@ -114,3 +115,14 @@ def fetch(manifest: weights_pb2.WeightManifest, token: str | None, timeout: floa
         stub = weight_sync_pb2_grpc.WeightStreamStub(ch)
         request = weight_sync_pb2.FetchRequest(version=version, replica_id=replica_id)
         return receive(manifest, layout, stub.Fetch(request, timeout=timeout))
+
+
+class StreamReceiver:
+    """The bucketed transport's Receiver: stateless, each fetch streams the version from the manifest's endpoint."""
+
+    def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+              replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
+        return fetch(manifest, token, timeout, replica_id)
+
+    def close(self) -> None:
+        """Nothing held between versions."""
