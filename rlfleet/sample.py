@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlfleet.packing import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32, unpack_u8
+from rlfleet.packed_arrays import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32, unpack_u8
 from rlfleet.v1 import sample_pb2
 
 

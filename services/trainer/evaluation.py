@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rlfleet.config import Config
-from rlfleet.packing import pack_i32, unpack_f32, unpack_i32
+from rlfleet.packed_arrays import pack_i32, unpack_f32, unpack_i32
 from rlfleet.plugins import load_callable, load_factory
 from rlfleet.protocols import Prompt, reward_total
 from rlfleet.sample import Sample, Status

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from rlfleet.protocols import SamplingParams
-from services.rollout.engines.sglang_client import SGLangClient
-from services.rollout.engines.sglang_engine import SGLangEngine
-from services.rollout.engines.sglang_protocol import generate_body
-from services.rollout.engines.sglang_server import SGLangServer
+from services.rollout.engines.sglang.client import SGLangClient
+from services.rollout.engines.sglang.engine import SGLangEngine
+from services.rollout.engines.sglang.protocol import generate_body
+from services.rollout.engines.sglang.server import SGLangServer
 from services.rollout.engines.torch_engine import TorchEngine
 from services.weight_sync.transports.manifest import digest_of
 from tests.support.requires import requires

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from rlfleet.protocols import Generation, SamplingParams
-from services.rollout.engines.sglang_client import SGLangClient
-from services.rollout.engines.sglang_engine import SGLangEngine
-from services.rollout.engines.sglang_server import SGLangServer
+from services.rollout.engines.sglang.client import SGLangClient
+from services.rollout.engines.sglang.engine import SGLangEngine
+from services.rollout.engines.sglang.server import SGLangServer
 from services.rollout.engines.torch_engine import TorchEngine
 from tests.support.requires import requires
 from tests.support.sglang_stub import INSTALL_HINT, make_sglang_tiny_moe, server_spec, sglang_python

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from rlfleet.metrics import read_jsonl
-from rlfleet.packing import pack_f32, pack_i32
+from rlfleet.packed_arrays import pack_f32, pack_i32
 from rlfleet.ports import free_ports
 from rlfleet.protocols import Prompt
 from rlfleet.rpc import Server

@@ -15,9 +15,9 @@ import torch
 
 from rlfleet.protocols import SamplingParams
 from services.rollout.engines.base import EngineError
-from services.rollout.engines.sglang_client import SGLangClient, SGLangError
-from services.rollout.engines.sglang_engine import SGLangEngine
-from services.rollout.engines.sglang_protocol import generate_body, parse_generate_response, sampling_body
+from services.rollout.engines.sglang.client import SGLangClient, SGLangError
+from services.rollout.engines.sglang.engine import SGLangEngine
+from services.rollout.engines.sglang.protocol import generate_body, parse_generate_response, sampling_body
 from tests.support.requires import requires
 from tests.support.sglang_stub import INSTALL_HINT, STUB_DIR, make_sglang_tiny_model, sglang_python
 

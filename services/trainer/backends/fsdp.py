@@ -1,7 +1,7 @@
 """FSDP2 backend: torch.distributed (gloo on CPU, NCCL on CUDA), HF causal LM sharded per decoder layer, AdamW.
 
 Options (trainer.*): precision (bf16 compute with fp32 master weights on CUDA, fp32 on CPU), activation
-checkpointing, sequence packing (services/trainer/packing.py), LoRA adapters (services/trainer/lora.py), an LR
+checkpointing, sequence packing (services/trainer/sequence_packing.py), LoRA adapters (services/trainer/lora.py), an LR
 schedule, and the auxiliary models some algorithms need: the reference model (kl.coef > 0), the distillation teacher
 and PPO's critic, each sharded the same way.
 """
@@ -34,9 +34,9 @@ from services.trainer.batch import forward_logprobs
 from services.trainer.critic import Critic
 from services.trainer.hooks import call_hooks
 from services.trainer.lora import apply_lora, is_adapter
-from services.trainer.packing import packed_forward_logprobs
 from services.trainer.routing_replay import RoutingReplay
 from services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
+from services.trainer.sequence_packing import packed_forward_logprobs
 from services.trainer.step import StepContext, train_step
 from services.weight_sync.transports.sharded import ShardedState
 
@@ -90,10 +90,11 @@ class FsdpBackend:
     """One trainer rank's model and optimizer. Construct on every rank after init_distributed."""
 
     def __init__(self, cfg: Config, rank: int, world_size: int, device: torch.device,
-                 hooks: Sequence[Any] = ()) -> None:
+                 hooks: Sequence[object] = ()) -> None:
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        self.data_rank, self.data_world = rank, world_size          # every rank is a data-parallel rank
         t = cfg.trainer
         self.publish_dtype = DTYPES[cfg.model.dtype]
         model = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32)
@@ -194,6 +195,9 @@ class FsdpBackend:
         if self.cfg.trainer.lora.rank:
             names = [k for k in self.model.state_dict() if is_adapter(k)]
         return ShardedState(self.model, self.publish_dtype, names)
+
+    def publish_state(self) -> ShardedState:
+        return self.sharded_state()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective. Rank 0 gets every tensor (CPU, publish dtype) -- with LoRA only the adapters; others get {}."""

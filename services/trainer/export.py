@@ -1,5 +1,6 @@
-"""`rlfleet convert RUN_DIR/checkpoints/step_N OUT_DIR`: the policy of a trainer checkpoint as an HF folder
-(model.safetensors + the config and tokenizer files), loadable with AutoModelForCausalLM.from_pretrained.
+"""`rlfleet convert RUN_DIR/checkpoints/step_N OUT_DIR` (it runs `python -m services.trainer.export`): the policy
+of a trainer checkpoint as an HF folder (model.safetensors + the config and tokenizer files), loadable with
+AutoModelForCausalLM.from_pretrained.
 
 Reads the sharded torch-DCP state in one process (whatever number of ranks wrote it), takes the model's tensors,
 merges LoRA adapters into their base weights (W + alpha/r * B @ A) when the checkpoint has them, and copies the
@@ -8,8 +9,10 @@ config/tokenizer files the checkpoint keeps in hf/ (or, for older checkpoints, t
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -18,9 +21,11 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from rlfleet.atomic import write_text_atomic
+from rlfleet.dtypes import DTYPES
+from services.trainer.checkpoint import META, STATE
+from services.trainer.lora import merge_adapters
 
 MODEL_PREFIX = "model."
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ConvertError(RuntimeError):
@@ -29,9 +34,9 @@ class ConvertError(RuntimeError):
 
 def read_policy_state(ckpt: Path) -> dict[str, torch.Tensor]:
     """Full (unsharded) policy tensors of a trainer checkpoint, by HF state-dict name, on CPU."""
-    state_dir = ckpt / "state"
-    if not (ckpt / "meta.json").is_file() or not state_dir.is_dir():
-        raise ConvertError(f"{ckpt} is not a trainer checkpoint (meta.json and state/ expected)")
+    state_dir = ckpt / STATE
+    if not (ckpt / META).is_file() or not state_dir.is_dir():
+        raise ConvertError(f"{ckpt} is not a trainer checkpoint ({META} and {STATE}/ expected)")
     metadata = dcp.FileSystemReader(str(state_dir)).read_metadata()
     model: dict[str, torch.Tensor] = {}
     for key, entry in metadata.state_dict_metadata.items():
@@ -47,8 +52,6 @@ def read_policy_state(ckpt: Path) -> dict[str, torch.Tensor]:
 def merge_lora(state: dict[str, torch.Tensor], lora: dict | None) -> dict[str, torch.Tensor]:
     if not lora:
         return state
-    from services.trainer.lora import merge_adapters
-
     return merge_adapters(state, float(lora["alpha"]) / int(lora["rank"]))
 
 
@@ -66,7 +69,7 @@ def _side_files(ckpt: Path, meta: dict) -> list[Path]:
 def convert(ckpt: Path | str, out_dir: Path | str, dtype: str | None = None) -> Path:
     """Write the HF folder; returns out_dir. dtype: cast floating tensors (default: as trained, fp32 masters)."""
     ckpt, out = Path(ckpt), Path(out_dir)
-    meta = json.loads((ckpt / "meta.json").read_text()) if (ckpt / "meta.json").is_file() else {}
+    meta = json.loads((ckpt / META).read_text()) if (ckpt / META).is_file() else {}
     state = merge_lora(read_policy_state(ckpt), meta.get("lora"))
     files = _side_files(ckpt, meta)
     config = {}
@@ -92,3 +95,22 @@ def convert(ckpt: Path | str, out_dir: Path | str, dtype: str | None = None) -> 
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m services.trainer.export CHECKPOINT OUT_DIR [--dtype D]`: what `rlfleet convert` runs."""
+    parser = argparse.ArgumentParser(prog="rlfleet convert")
+    parser.add_argument("checkpoint")
+    parser.add_argument("out_dir")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    ns = parser.parse_args(argv)
+    try:
+        print(convert(ns.checkpoint, ns.out_dir, ns.dtype))
+        return 0
+    except (ConvertError, OSError) as exc:
+        print(f"rlfleet convert: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.rollout.engines.base import EngineError
-from services.rollout.engines.sglang_client import SGLangClient
-from services.rollout.engines.sglang_routes import SERVER_FLAG as ROUTES_FLAG
+from services.rollout.engines.sglang.client import SGLangClient
+from services.rollout.engines.sglang.routes import SERVER_FLAG as ROUTES_FLAG
 
 DEFAULT_PYTHON = Path(".venv-sglang/bin/python")
 
@@ -40,8 +40,8 @@ class SGLangServerSpec:
     max_total_tokens: int = 4096
     mem_fraction_static: float = 0.1
     max_running_requests: int = 64
-    disable_radix_cache: bool = True           # no prefix KV reused across a weight update (see sglang_engine)
-    return_routed_experts: bool = False        # MoE routes for R3 (sglang_routes.py): set for a MoE model
+    disable_radix_cache: bool = True           # no prefix KV reused across a weight update (see engine.py)
+    return_routed_experts: bool = False        # MoE routes for R3 (routes.py): set for a MoE model
     pythonpath: tuple[Path, ...] = ()          # e.g. the CPU import stub folder
     threads: int = 1                           # OMP threads of the server (CPU)
     extra_args: tuple[str, ...] = ()

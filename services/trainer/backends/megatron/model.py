@@ -1,6 +1,6 @@
 """Megatron-core GPTModel built from an HF Llama / Qwen2 config: RMSNorm, SwiGLU, RoPE, GQA, tied or untied
 embeddings, Qwen2's QKV bias. Uses the local (non-TransformerEngine) layer spec, whose parameter names
-megatron_convert.py maps."""
+convert.py maps."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def transformer_config(shape: ModelShape, tp: int, pp: int, device: torch.device
 
 def build_gpt_model(shape: ModelShape, config: Any, pre_process: bool, post_process: bool) -> torch.nn.Module:
     """The GPTModel of this pipeline stage (parallel_state must be initialised). Weights are uninitialised:
-    load them with megatron_convert."""
+    load them with convert.py."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 

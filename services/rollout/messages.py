@@ -5,7 +5,7 @@ from __future__ import annotations
 import xxhash
 
 from rlfleet.config import SamplingConfig
-from rlfleet.packing import pack_f32, pack_i32, unpack_i32
+from rlfleet.packed_arrays import pack_f32, pack_i32, unpack_i32
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.sample import Status
 from rlfleet.v1 import rollout_pb2

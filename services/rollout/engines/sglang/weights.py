@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from rlfleet.dtypes import SAFETENSORS_DTYPES
 from services.rollout.engines.base import EngineError
-from services.rollout.engines.sglang_client import SGLangClient
+from services.rollout.engines.sglang.client import SGLangClient
 
 
 def held_specs(model_path: Path) -> dict[str, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from services.trainer.backends.megatron_convert import (
+from services.trainer.backends.megatron.convert import (
     EMBED,
     LM_HEAD,
     Layout,
@@ -14,7 +14,7 @@ from services.trainer.backends.megatron_convert import (
     tp_dim,
     unshard,
 )
-from services.trainer.backends.megatron_model import ModelShape
+from services.trainer.backends.megatron.model import ModelShape
 
 
 def _tp_gather(tensor: torch.Tensor, dim: int | None, layout: Layout) -> list[torch.Tensor]:

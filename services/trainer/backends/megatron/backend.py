@@ -20,12 +20,12 @@ from rlfleet.config import Config
 from rlfleet.dtypes import DTYPES
 from rlfleet.sample import Sample
 from services.trainer.algorithms import needs_critic, needs_teacher
-from services.trainer.backends import megatron_checkpoint
-from services.trainer.backends.megatron_convert import MG_OUTPUT, Layout, hf_to_megatron, tp_dim
-from services.trainer.backends.megatron_gather import full_state_dict
-from services.trainer.backends.megatron_grads import clip_gradients, reduce_gradients
-from services.trainer.backends.megatron_model import Precision, build_gpt_model, model_shape, transformer_config
-from services.trainer.backends.megatron_step import MegatronStep, StepModel
+from services.trainer.backends.megatron import checkpoint as megatron_checkpoint
+from services.trainer.backends.megatron.convert import MG_OUTPUT, Layout, hf_to_megatron, tp_dim
+from services.trainer.backends.megatron.gather import full_state_dict
+from services.trainer.backends.megatron.grads import clip_gradients, reduce_gradients
+from services.trainer.backends.megatron.model import Precision, build_gpt_model, model_shape, transformer_config
+from services.trainer.backends.megatron.step import MegatronStep, StepModel
 from services.trainer.checkpoint import CheckpointInfo
 from services.trainer.hooks import call_hooks
 from services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
@@ -88,7 +88,7 @@ class MegatronBackend:
     """One trainer rank's GPTModel stage and AdamW optimizer."""
 
     def __init__(self, cfg: Config, rank: int, world_size: int, device: torch.device,
-                 hooks: Sequence[Any] = ()) -> None:
+                 hooks: Sequence[object] = ()) -> None:
         from megatron.core import parallel_state, tensor_parallel
 
         missing = unsupported(cfg)
@@ -168,6 +168,15 @@ class MegatronBackend:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective. Rank 0 gets every tensor under its HF name (CPU, publish dtype); other ranks get {}."""
         return full_state_dict(self.model, self.shape, self.layout, self.data_rank, self.publish_dtype)
+
+    def publish_state(self) -> dict[str, torch.Tensor]:
+        """Collective: the full state dict (the HF conversion needs whole tensors), on rank 0."""
+        return self.full_state_dict()
+
+    @property
+    def adapter_options(self) -> None:
+        """No LoRA on this backend (unsupported() refuses trainer.lora)."""
+        return None
 
     def save_checkpoint(self, run_dir: Path, step: int, version: int, keep: int) -> Path:
         return megatron_checkpoint.save(run_dir, step, version, self.model, self.optimizer, self.device, keep,

@@ -18,10 +18,10 @@ from typing import Literal, cast
 
 from rlfleet.config import Config
 from services.rollout.engines.base import EngineError
-from services.rollout.engines.sglang_client import SGLangClient
-from services.rollout.engines.sglang_engine import SGLangEngine
-from services.rollout.engines.sglang_routes import moe_shape
-from services.rollout.engines.sglang_server import DEFAULT_PYTHON, SGLangServer, SGLangServerSpec
+from services.rollout.engines.sglang.client import SGLangClient
+from services.rollout.engines.sglang.engine import SGLangEngine
+from services.rollout.engines.sglang.routes import moe_shape
+from services.rollout.engines.sglang.server import DEFAULT_PYTHON, SGLangServer, SGLangServerSpec
 
 
 def engine_from_config(cfg: Config) -> SGLangEngine:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.trainer.backends.megatron_model import ModelShape, padded_vocab
+from services.trainer.backends.megatron.model import ModelShape, padded_vocab
 
 EMBED, NORM, LM_HEAD = "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
 MG_EMBED, MG_NORM, MG_OUTPUT = "embedding.word_embeddings.weight", "decoder.final_layernorm.weight", \

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from services.trainer.advantages import ALL_REDUCE_SUM
-from services.trainer.backends.megatron_convert import Layout
-from services.trainer.backends.megatron_logprobs import parallel_response_logprobs
+from services.trainer.backends.megatron.convert import Layout
+from services.trainer.backends.megatron.logprobs import parallel_response_logprobs
 from services.trainer.batch import batch_to, build_train_batch
 from services.trainer.collectives import broadcast_bytes
 from services.trainer.hooks import call_hooks

@@ -3,7 +3,7 @@
 The body follows sglang.api.v1.GenerateRequest / SamplingParams of SGLang 0.5.23 (unknown sampling keys are rejected
 there); the response follows sglang.api.v1.GenerateResponse (tests/unit/test_sglang_contract.py checks both against
 the installed package). Token ids in and out are exact (TITO): output_ids are what the engine sampled, never
-re-tokenised text. MoE routes (R3) are asked for and decoded as services/rollout/engines/sglang_routes.py describes.
+re-tokenised text. MoE routes (R3) are asked for and decoded as services/rollout/engines/sglang/routes.py describes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from rlfleet.protocols import SamplingParams
 from services.rollout.engines.base import EngineError, EngineGeneration
-from services.rollout.engines.sglang_routes import SERVER_FLAG, MoeShape, decode_routes, routes_request
+from services.rollout.engines.sglang.routes import SERVER_FLAG, MoeShape, decode_routes, routes_request
 
 
 def sampling_body(sampling: SamplingParams) -> dict[str, Any]:

@@ -13,7 +13,7 @@ finish under the new weights, and SGLang's meta_info.weight_versions records the
 server runs with its radix cache off by default (SGLangServerSpec), so no prefix KV of old weights is reused; when the
 server is idle the update also flushes the cache.
 MoE models (R3): like the torch engine, a MoE model folder means routes are recorded: the request asks for them
-and the answer's are converted to the torch engine's per-token layout (sglang_routes.py); the server must run with
+and the answer's are converted to the torch engine's per-token layout (routes.py); the server must run with
 --enable-return-routed-experts (SGLangServerSpec.return_routed_experts; engine_from_config sets it).
 named_weights reads what the server holds back through /get_weights_by_name (HF names, SGLang maps its stacked
 qkv / gate_up itself), so the digest the replica acknowledges is of the served weights, not of what was sent.
@@ -35,12 +35,12 @@ import torch
 
 from rlfleet.protocols import Generation, SamplingParams
 from services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
-from services.rollout.engines.sglang_client import SGLangClient, SGLangError
-from services.rollout.engines.sglang_group import broadcast_tensors, new_group, run_beside
-from services.rollout.engines.sglang_protocol import generate_body, parse_generate_response
-from services.rollout.engines.sglang_routes import moe_shape
-from services.rollout.engines.sglang_server import SGLangServer, free_port
-from services.rollout.engines.sglang_weights import (
+from services.rollout.engines.sglang.client import SGLangClient, SGLangError
+from services.rollout.engines.sglang.group import broadcast_tensors, new_group, run_beside
+from services.rollout.engines.sglang.protocol import generate_body, parse_generate_response
+from services.rollout.engines.sglang.routes import moe_shape
+from services.rollout.engines.sglang.server import SGLangServer, free_port
+from services.rollout.engines.sglang.weights import (
     held_specs,
     prune_weights_folders,
     read_back,
