@@ -234,7 +234,9 @@ class BufferCore:
                          ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], list[Discard], int]:
         """(the samples of other groups, Discards for new indices of cancelled groups, repeats of counted ones)."""
         cancelled = self.state.cancelled
-        rest, repeats, new = [], 0, {}
+        rest: list = []
+        repeats = 0
+        new: dict = {}
         for msg, raw in pairs:
             c = cancelled.get(msg.group_id)
             if c is None:
@@ -319,7 +321,8 @@ class BufferCore:
 
     def _pick(self, n: int, policy_version: int) -> tuple[list[Group], list[Group]]:
         floor = policy_version - self.settings.max_staleness
-        stale, take = [], []
+        stale: list = []
+        take: list = []
         for g in self.state.ready.values():
             if len(take) == n:
                 break

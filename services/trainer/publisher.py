@@ -10,6 +10,7 @@ nothing, so rank 0 stages once more -- now over the gRPC fallback -- and every r
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ def resolve_transport(cfg: Config, model_bytes: int) -> str:
     from services.weight_sync.transports.auto import choose, probe_delta, probe_memcpy, probe_nixl
     from services.weight_sync.transports.nixl.agent import available
 
-    probes = {"broadcast": probe_memcpy, "disk_delta": probe_delta}
+    probes: dict[str, Callable[[], float]] = {"broadcast": probe_memcpy, "disk_delta": probe_delta}
     missing = available()
     if missing is None:
         probes["nixl"] = probe_nixl
@@ -98,7 +99,8 @@ class WeightPublisher:
         `follow_publish` waits in: a barrier (every rank's NIXL writes are done before the version is announced)
         and the word on whether the gathers run again."""
         sharded = isinstance(state, ShardedState)
-        items = state if sharded else list(state.items())
+        items: list[tuple[str, torch.Tensor]] | ShardedState = state if isinstance(state, ShardedState) \
+            else list(state.items())
         for attempt in range(PASSES):
             lost: GroupLost | None = None
             try:

@@ -121,7 +121,7 @@ class FsdpBackend:
             if not t.teacher.model_path:
                 raise ValueError(f"trainer.algorithm {t.algorithm} needs trainer.teacher.model_path")
             self.teacher = FrozenScorer(t.teacher.model_path, device, self._shard, self._forward)
-        self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, tuple(t.betas)) \
+        self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, t.betas) \
             if needs_critic(t) else None
         self._trained_ids: list[str] = []         # sample ids trained on since the last checkpoint (this rank)
 

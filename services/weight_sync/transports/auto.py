@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +80,7 @@ def probe_delta(nbytes: int = PROBE_BYTES) -> float:
     return _gbps(once, nbytes)
 
 
-def choose(model_bytes: int, available: dict[str, Callable[[], float]]) -> Choice:
+def choose(model_bytes: int, available: Mapping[str, Callable[[], float]]) -> Choice:
     """Measure every available transport (name -> probe returning GB/s) and pick the fastest for model_bytes."""
     bw, est = {}, {}
     for name, probe in available.items():

@@ -76,9 +76,9 @@ class SGLangEngine:
         self._server = server
         self._group_host = group_host
         self._own_dir = None if work_dir else tempfile.TemporaryDirectory(prefix="rlfleet-sglang-weights-")
-        self._work_dir = Path(work_dir) if work_dir else Path(self._own_dir.name)
+        self._work_dir = Path(work_dir) if work_dir else Path(self._own_dir.name) if self._own_dir else Path()
         self._served_dirs: list[Path] = []
-        self._group = None
+        self._group: object | None = None
         self._group_name = f"rlfleet-{uuid.uuid4().hex[:8]}"
         self._version = weight_version
         self._initial_version = weight_version      # what SGLang calls "default" (no update yet)

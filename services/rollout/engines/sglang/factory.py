@@ -32,11 +32,12 @@ def engine_from_config(cfg: Config) -> SGLangEngine:
     verify = os.environ.get("RLFLEET_SGLANG_VERIFY", "read_back")
     if verify not in ("read_back", "sent"):
         raise EngineError(f"RLFLEET_SGLANG_VERIFY is '{verify}', expected read_back or sent")
-    options = {"weight_path": weight_path, "verify": cast(Literal["read_back", "sent"], verify),
-               "max_concurrency": cfg.rollout.max_batch_size}
+    verify_mode = cast(Literal["read_back", "sent"], verify)
+    concurrency = cfg.rollout.max_batch_size
     url = os.environ.get("RLFLEET_SGLANG_URL")
     if url:
-        return SGLangEngine(SGLangClient(url), cfg.model_path, **options)
+        return SGLangEngine(SGLangClient(url), cfg.model_path, weight_path=weight_path, verify=verify_mode,
+                            max_concurrency=concurrency)
     extra = os.environ.get("RLFLEET_SGLANG_PYTHONPATH", "")
     spec = SGLangServerSpec(model_path=cfg.model_path,
                             python=Path(os.environ.get("RLFLEET_SGLANG_PYTHON", str(DEFAULT_PYTHON))),
@@ -47,4 +48,5 @@ def engine_from_config(cfg: Config) -> SGLangEngine:
     log_dir = cfg.run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     server = SGLangServer(spec, log_path=log_dir / f"sglang-{os.getpid()}.log").start()
-    return SGLangEngine(SGLangClient(server.url), cfg.model_path, server=server, **options)
+    return SGLangEngine(SGLangClient(server.url), cfg.model_path, server=server, weight_path=weight_path,
+                        verify=verify_mode, max_concurrency=concurrency)

@@ -89,7 +89,7 @@ class SGLangServer:
             self._proc = subprocess.Popen(self.spec.command(self.port), env=env, stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True)
         finally:
-            if self.log_path:
+            if not isinstance(out, int):
                 out.close()
         self.wait_ready(ready_timeout)
         return self

@@ -150,7 +150,8 @@ class MegatronStep:
             src_names = "\n".join(names).encode() if dist.get_rank() == self.p.metrics_src else None
             names = [n for n in broadcast_bytes(src_names, device, src=self.p.metrics_src).decode().split("\n") if n]
         counts = lay.last_stage and lay.tp_rank == 0 and values is not None
-        vec = torch.tensor([values[k] if counts else 0.0 for k in names], dtype=torch.float64, device=device)
+        vec = torch.tensor([values[k] if counts and values is not None else 0.0 for k in names], dtype=torch.float64,
+                           device=device)
         if dist.get_world_size() > 1:
             dist.all_reduce(vec, op=dist.ReduceOp.SUM)
         return dict(zip(names, vec.cpu().tolist(), strict=True))

@@ -89,7 +89,7 @@ class BroadcastSender:
         layout = plan(specs, self.bucket_bytes)
         group = self._group
         need_fallback = group is None or self.members < self._rdv.expected or self._rdv.joined() > self.members
-        flat = np.zeros(layout.total_bytes, dtype=np.uint8) if need_fallback else None
+        flat: np.ndarray | None = np.zeros(layout.total_bytes, dtype=np.uint8) if need_fallback else None
         filler = BucketFiller(layout, specs, group.device if group else "cpu", self._pool)
         source = iter(tensors)
         broken = self._send(group, version, layout, filler, source, flat)

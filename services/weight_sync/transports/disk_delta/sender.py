@@ -42,7 +42,8 @@ class DeltaSender:
 
     def stage(self, version: int, step: int,
               named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights_pb2.WeightManifest:
-        names, final, parts, changed, total = [], {}, {}, 0, 0
+        final: dict[str, dict] = {}
+        names, parts, changed, total = [], {}, 0, 0
         delta = (self._prev_version >= 0 and version > self._prev_version
                  and version - self._base_version < self.rebase_every)
         current: dict[str, torch.Tensor] = {}

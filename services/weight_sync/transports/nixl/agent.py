@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ def available() -> str | None:
     return None
 
 
-def make_agent(prefix: str) -> object:
+def make_agent(prefix: str) -> Any:                 # a nixl_agent (nixl ships no type hints)
     from nixl._api import nixl_agent, nixl_agent_config
 
     return nixl_agent(f"{prefix}-{uuid.uuid4().hex[:8]}", nixl_agent_config(backends=["UCX"]))
@@ -33,7 +34,7 @@ def device_id(t: torch.Tensor) -> int:
     return t.device.index or 0 if t.device.type == "cuda" else 0
 
 
-def wait_xfer(agent: object, handle: object, deadline: float) -> str:
+def wait_xfer(agent: Any, handle: object, deadline: float) -> str:
     """Poll a transfer until DONE or ERR or the deadline; returns the final state ("TIMEOUT" past the deadline)."""
     while True:
         state = agent.check_xfer_state(handle)
