@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -19,7 +19,7 @@ from rlfleet.sample import Sample
 from services.trainer.advantages import ALL_REDUCE_SUM
 from services.trainer.backends.megatron.convert import Layout
 from services.trainer.backends.megatron.logprobs import parallel_response_logprobs
-from services.trainer.batch import batch_to, build_train_batch
+from services.trainer.batch import batch_to, build_train_batch, select_rows
 from services.trainer.collectives import broadcast_bytes
 from services.trainer.hooks import call_hooks
 from services.trainer.losses import ROW_COUNT, SEQ_COUNT
@@ -49,22 +49,6 @@ class _Micro:
     batch: TrainBatch                        # rows of one microbatch, columns trimmed to its longest row
     advantages: torch.Tensor | None          # [S', T]; None in the old-logprob pass
     token_count: float
-
-
-def select_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
-    """The sub-batch of `rows` ([S'] indices): every per-row tensor or list is indexed, the rest kept."""
-    n = batch.input_ids.shape[0]
-    picked: dict[str, Any] = {}
-    for f in fields(batch):
-        value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
-            picked[f.name] = value[rows]
-        elif isinstance(value, list) and len(value) == n:
-            picked[f.name] = [value[i] for i in rows.tolist()]
-    sub = replace(batch, **picked)
-    length = int(sub.attention_mask.sum(1).max()) if sub.attention_mask.numel() else 0   # trim right padding
-    keep = max(length, 1)
-    return replace(sub, input_ids=sub.input_ids[:, :keep], attention_mask=sub.attention_mask[:, :keep])
 
 
 def _micro_rows(lo: int, hi: int, count: int, device: torch.device) -> list[torch.Tensor]:
@@ -129,7 +113,7 @@ class MegatronStep:
         from megatron.core import parallel_state
 
         n = batch.input_ids.shape[0]
-        micros = [_Micro(select_rows(batch, r), None, 0.0) for r in _micro_rows(0, n, self.p.microbatches,
+        micros = [_Micro(select_rows(batch, r, trim=True), None, 0.0) for r in _micro_rows(0, n, self.p.microbatches,
                                                                                ctx.device)]
         with torch.no_grad():
             store = self._run(ctx, micros, forward_only=True) if micros else []
@@ -174,7 +158,7 @@ class MegatronStep:
                 [float(mask.sum()), float(hi - lo), float((mask.sum(1) > 0).sum())], ctx.device)
             micros = []
             for rows in _micro_rows(lo, hi, self.p.microbatches, ctx.device):
-                micro = select_rows(batch, rows)
+                micro = select_rows(batch, rows, trim=True)
                 micro.extras = {**micro.extras, ROW_COUNT: row_count, SEQ_COUNT: seq_count}
                 micros.append(_Micro(micro, advantages[rows], token_count))
             store = self._run(ctx, micros, forward_only=False) if micros else []
@@ -184,7 +168,8 @@ class MegatronStep:
                 for entry in store:
                     for k, v in entry["values"].items():
                         values[k] = values.get(k, 0.0) + v
-            call_hooks(ctx.hooks, "before_step", step, select_rows(batch, torch.arange(lo, hi, device=ctx.device)))
+            whole = select_rows(batch, torch.arange(lo, hi, device=ctx.device), trim=True)
+            call_hooks(ctx.hooks, "before_step", step, whole)
             grad_norm = self.p.reduce_and_clip(ctx.grad_clip)       # global norm: every rank takes the same branch
             if math.isfinite(grad_norm):
                 self.p.optimizer.step()
