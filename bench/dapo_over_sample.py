@@ -32,8 +32,8 @@ from services.buffer.filters import load_filters  # noqa: E402
 from services.buffer.server import start_server  # noqa: E402
 from services.buffer.settings import BufferSettings  # noqa: E402
 from services.buffer.stores.embedded import EmbeddedStore  # noqa: E402
-from services.rollout.convert import status_of  # noqa: E402
 from services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from services.rollout.messages import status_of  # noqa: E402
 from services.rollout.work_loop import WorkLoop, WorkSettings  # noqa: E402
 from tests.support.engine_context import EngineContext  # noqa: E402
 from tests.support.tiny_model import make_tiny_model  # noqa: E402

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from examples.addition.model import tiny_llama_config  # noqa: E402
 from examples.addition.tokenizer import save_tokenizer  # noqa: E402
-from services.rollout.engines.sglang_client import SGLangClient  # noqa: E402
-from services.rollout.engines.sglang_engine import SGLangEngine  # noqa: E402
-from services.rollout.engines.sglang_server import SGLangServer  # noqa: E402
+from services.rollout.engines.sglang.client import SGLangClient  # noqa: E402
+from services.rollout.engines.sglang.engine import SGLangEngine  # noqa: E402
+from services.rollout.engines.sglang.server import SGLangServer  # noqa: E402
 from services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from services.rollout.weight_updates import WeightUpdater  # noqa: E402
 from services.weight_sync.transports.bucketed import BucketedSender  # noqa: E402

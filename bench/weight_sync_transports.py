@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlfleet.rpc import Server, channel  # noqa: E402
 from rlfleet.v1 import weight_sync_pb2_grpc  # noqa: E402
 from services.weight_sync.board import VersionBoard  # noqa: E402
-from services.weight_sync.peers import PeerDirectory  # noqa: E402
 from services.weight_sync.servicer import WeightSyncServicer  # noqa: E402
+from services.weight_sync.transports.peers import PeerDirectory  # noqa: E402
 
 
 def make_params(total_mb: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, torch.Tensor]]:
@@ -68,18 +68,18 @@ class Plane:
 
 
 def _sender(kind: str, address: str, mb: int, bucket_mb: int, versions: int, conn: object) -> None:
-    from services.weight_sync.transports.bucketed_sender import BucketedSender
+    from services.weight_sync.transports.bucketed.sender import BucketedSender
 
     torch.set_num_threads(1)
     directory = PeerDirectory(channel(address, None))
     params = make_params(mb, 0)
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast_sender import BroadcastSender
+        from services.weight_sync.transports.broadcast.sender import BroadcastSender
 
         sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, bucket_mb << 20), directory.register, 1,
                                  join_seconds=120)
     else:
-        from services.weight_sync.transports.nixl_sender import NixlSender
+        from services.weight_sync.transports.nixl.sender import NixlSender
 
         sender = NixlSender(directory.peers, bucket_mb << 20, expected_replicas=1, wait_seconds=120)
     for v in range(1, versions + 1):
@@ -98,12 +98,12 @@ def bench_transport(kind: str, mb: int, bucket_mb: int, versions: int) -> list[f
     params = make_params(mb, 0)
     n = nbytes(params)
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast_receiver import BroadcastReceiver
+        from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
         receiver = BroadcastReceiver(plane.directory.peers, join_seconds=120)
     else:
         from services.weight_sync.transports.layout import TensorSpec, plan
-        from services.weight_sync.transports.nixl_receiver import NixlReceiver
+        from services.weight_sync.transports.nixl.receiver import NixlReceiver
 
         specs = [TensorSpec(k, "bfloat16", tuple(t.shape), t.numel() * 2) for k, t in params]
         receiver = NixlReceiver("bench", plan(specs, bucket_mb << 20).total_bytes, plane.directory.register)
@@ -129,8 +129,8 @@ def bench_transport(kind: str, mb: int, bucket_mb: int, versions: int) -> list[f
 def bench_delta(mb: int) -> None:
     from safetensors.torch import load_file, save_file
 
-    from services.weight_sync.transports.delta_receiver import DeltaReceiver
-    from services.weight_sync.transports.delta_sender import DeltaSender
+    from services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
+    from services.weight_sync.transports.disk_delta.sender import DeltaSender
 
     params = make_params(mb, 1, torch.float32)                  # fp32 master weights
     master = [torch.nn.Parameter(t) for _, t in params]

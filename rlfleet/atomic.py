@@ -15,7 +15,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Call write(tmp_path), fsync it, then rename it over path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

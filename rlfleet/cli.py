@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,16 +71,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(report.text)
         return 0 if report.ok else 1
-    if ns.command == "convert":
-        from rlfleet.convert import ConvertError, convert
+    if ns.command == "convert":       # the trainer's code reads its own checkpoint format, in its own process
+        cmd = [sys.executable, "-m", "services.trainer.export", ns.checkpoint, ns.out_dir]
+        return subprocess.run(cmd + (["--dtype", ns.dtype] if ns.dtype else []), check=False).returncode
 
-        try:
-            print(convert(ns.checkpoint, ns.out_dir, ns.dtype))
-            return 0
-        except (ConvertError, OSError) as exc:
-            print(f"rlfleet convert: {exc}", file=sys.stderr)
-            return 2
-
+    # Plugins (config dotted paths such as examples.addition.reward:score) import from the current directory, as in
+    # the services the launcher starts (it puts the same directory on their PYTHONPATH); examples/ is not installed.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     from rlfleet.launcher import RunError, run
     from rlfleet.preflight import check_run
 

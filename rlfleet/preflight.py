@@ -93,7 +93,7 @@ def check_plugins(cfg: Config) -> None:
     for path in cfg.buffer.filters:
         if ":" in path:
             load_callable(path, "sample_filter")
-    for what, path in (("advantage", cfg.trainer.advantage), ("loss", cfg.trainer.loss)):
-        if path and ":" in path:
-            load_callable(path, what)
+    for what, plugin in (("advantage", cfg.trainer.advantage), ("loss", cfg.trainer.loss)):
+        if plugin and ":" in plugin:
+            load_callable(plugin, what)
     load_hooks(list(cfg.trainer.hooks))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
-from rlfleet.packing import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32, unpack_u8
+from rlfleet.packed_arrays import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32, unpack_u8
 from rlfleet.sample_limits import LOGPROB_TOLERANCE, SampleLimits
 from rlfleet.v1 import sample_pb2
 
@@ -58,7 +59,7 @@ class RoutedExperts:
             raise SampleError(f"routed_experts has {flat.size} ids, not a multiple of layers*top_k={per_token}")
         ids = flat.reshape(-1, msg.num_layers, msg.top_k).astype(np.int64)
         if msg.free_rows:
-            free = unpack_u8(msg.free_rows).astype(bool)
+            free: np.ndarray = unpack_u8(msg.free_rows).astype(bool)
             if free.size != len(ids):
                 raise SampleError(f"routed_experts.free_rows has {free.size} entries for {len(ids)} rows")
             ids[free] = FREE_ROUTE
@@ -106,7 +107,8 @@ class Sample:
             prompt_index=self.prompt_index, prompt_ids=pack_i32(self.prompt_ids),
             response_ids=pack_i32(self.response_ids), loss_mask=pack_u8(self.mask),
             rollout_logprobs=pack_f32(self.rollout_logprobs), reward=float(self.reward),
-            status=int(self.status), status_reason=self.status_reason, weight_version=self.weight_version,
+            status=cast(sample_pb2.SampleStatus, int(self.status)),
+            status_reason=self.status_reason, weight_version=self.weight_version,
             replica_id=self.replica_id,
         )
         msg.reward_parts.update({k: float(v) for k, v in self.reward_parts.items()})

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's two commands.
 #   bash scripts/dev.sh run [rlfleet run options]   set up .venv, then run the addition example end to end
-#   bash scripts/dev.sh test [pytest options]       set up .venv and test tools, then lint and run every test
+#   bash scripts/dev.sh test [pytest options]       set up .venv and test tools, then lint, type-check and run every test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RLFLEET_VENV:-.venv}
@@ -62,6 +62,7 @@ case "$cmd" in
     export PATH="$VENV/bin:$PATH"
     "$PY" -m ruff check .
     "$PY" scripts/gen_protos.py --check
+    "$PY" -m mypy                              # the whole tree but the generated stubs (pyproject [tool.mypy])
     exec "$PY" -m pytest -q -rs "$@"
     ;;
   *)

@@ -1,4 +1,5 @@
-"""Shared pytest setup: one torch thread per process (2-core CI), repo root importable."""
+"""Shared pytest setup: one torch thread per process (2-core CI), repo root importable, tests that need a missing
+tool skipped (failed under CI=true: tests/support/requires.py)."""
 
 from __future__ import annotations
 
@@ -14,3 +15,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+from tests.support.requires import MARK, check_marks  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{MARK}(reason): needs a tool the CI script installs (support/requires.py)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    check_marks(item)

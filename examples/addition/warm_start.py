@@ -32,7 +32,7 @@ def supervised(model, tok, steps: int, seed: int, batch: int = SFT_BATCH, lr: fl
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
-        rows = [_encode(tok, p.text, p.label) for p in (data[step * batch + i] for i in range(batch))]
+        rows = [_encode(tok, p.text or "", p.label or "") for p in (data[step * batch + i] for i in range(batch))]
         width = max(len(ids) for ids, _ in rows)
         input_ids = torch.full((batch, width), tok.pad_token_id)      # [B, L]
         labels = torch.full((batch, width), -100)                      # [B, L]

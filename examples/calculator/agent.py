@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from examples.calculator.tool import find_call, tool_message
 from rlfleet.protocols import GroupTicket, Prompt, RolloutContext
 from rlfleet.sample import Sample, Status
-from services.rollout.convert import sample_seed
+from services.rollout.messages import sample_seed
 from services.rollout.tito import TitoError, TitoSession
 
 MAX_TURNS = 3

@@ -35,6 +35,8 @@ def _turn(tok: Any, text: str) -> Generation:
 
 def conversation(tok: Any, prompt: Prompt) -> tuple[list[int], list[int]]:
     """(input ids [L], loss mask [L]) of the ideal episode: call the tool on the question, then answer."""
+    if not prompt.messages:
+        raise ValueError(f"calculator prompt {prompt.text!r} has no messages")
     question = prompt.messages[0]["content"]
     session = TitoSession(tok, prompt.messages)
     session.add_generation(_turn(tok, f"<calc>{question}</calc>"))

@@ -47,20 +47,20 @@ def params(mb: int, device: str) -> list[tuple[str, torch.Tensor]]:
 
 def _trainer(kind: str, address: str, mb: int, bucket_mb: int, device: str, conn: object) -> None:
     from rlfleet.rpc import channel
-    from services.weight_sync.peers import PeerDirectory
-    from services.weight_sync.transports.bucketed_sender import BucketedSender
+    from services.weight_sync.transports.bucketed.sender import BucketedSender
+    from services.weight_sync.transports.peers import PeerDirectory
 
     torch.cuda.set_device(torch.device(device))
     directory = PeerDirectory(channel(address, None))
     named = params(mb, device)
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast_sender import BroadcastSender
+        from services.weight_sync.transports.broadcast.sender import BroadcastSender
 
         group_device = device if torch.cuda.device_count() > 1 else "cpu"
         sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, bucket_mb << 20), directory.register, 1,
                                  device=group_device, join_seconds=120)
     else:
-        from services.weight_sync.transports.nixl_sender import NixlSender
+        from services.weight_sync.transports.nixl.sender import NixlSender
 
         sender = NixlSender(directory.peers, bucket_mb << 20, device=device, expected_replicas=1, wait_seconds=120)
     for v in (1, 2, 3):
@@ -79,8 +79,8 @@ def run(kind: str, mb: int, bucket_mb: int) -> list[float]:
     from rlfleet.rpc import Server, channel
     from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
     from services.weight_sync.board import VersionBoard
-    from services.weight_sync.peers import PeerDirectory
     from services.weight_sync.servicer import WeightSyncServicer
+    from services.weight_sync.transports.peers import PeerDirectory
 
     server = Server("127.0.0.1:0", None)
     server.add(weight_sync_pb2_grpc.add_WeightSyncServicer_to_server,
@@ -91,12 +91,12 @@ def run(kind: str, mb: int, bucket_mb: int) -> list[float]:
     send_dev = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
     n = sum(t.numel() * t.element_size() for _, t in params(mb, "cuda:0"))
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast_receiver import BroadcastReceiver
+        from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
         group_device = "cuda:0" if torch.cuda.device_count() > 1 else "cpu"
         receiver = BroadcastReceiver(directory.peers, group_device, join_seconds=120)
     else:
-        from services.weight_sync.transports.nixl_receiver import NixlReceiver
+        from services.weight_sync.transports.nixl.receiver import NixlReceiver
 
         receiver = NixlReceiver("gpu-check", n + (64 << 20), directory.register, "cuda:0")
     ctx = mp.get_context("spawn")

@@ -290,7 +290,9 @@ class BufferCore:
                          ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], list[Discard], int]:
         """(the samples of other groups, Discards for new indices of cancelled groups, repeats of counted ones)."""
         cancelled = self.state.cancelled
-        rest, repeats, new = [], 0, {}
+        rest: list = []
+        repeats = 0
+        new: dict = {}
         for msg, raw in pairs:
             c = cancelled.get(msg.group_id)
             if c is None:
@@ -390,7 +392,9 @@ class BufferCore:
         trainer's policy cannot come from its lineage (replicas only hold versions it published): it was generated
         by weights of a trainer that died after publishing them and resumed from an older checkpoint."""
         floor = policy_version - self.settings.max_staleness
-        stale, abandoned, take = [], [], []
+        stale: list = []
+        abandoned: list = []
+        take: list = []
         for g in self.state.ready.values():
             if len(take) == n:
                 break

@@ -56,7 +56,7 @@ def hung_failure(snap: Snapshot, step: int | None, suspects: list[str]) -> Failu
     by_name = {p.name: p for p in snap.component(TRAINER)}
     not_ready = [p.name for p in by_name.values() if not p.ready and not p.deleting]
     blamed = suspects or not_ready
-    nodes = tuple(sorted({by_name[n].node for n in blamed if n in by_name and by_name[n].node}))
+    nodes = tuple(sorted({node for n in blamed if n in by_name and (node := by_name[n].node)}))
     who = f"; suspect rank(s) {', '.join(blamed)}" if blamed else "; no rank to blame (gang restart only)"
     return Failure(HUNG_RANK, f"{HUNG_RANK}:step{step}:{','.join(u for _, u in _gang(snap))}",
                    f"trainer made no step past {step}{who}", nodes, _gang(snap))

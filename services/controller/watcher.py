@@ -50,7 +50,8 @@ class ListWatch:
                 obj = event.get("raw_object") or {}
                 name = (obj.get("metadata") or {}).get("name")
                 if event.get("type") == "DELETED":
-                    self.objects.pop(name, None)
+                    if name:
+                        self.objects.pop(name, None)
                 elif name:
                     self.objects[name] = obj
                 self.on_change()

@@ -61,7 +61,7 @@ class RetractingEngine:
 def with_partial_rollouts(engine: Engine, mode: str) -> Engine:
     """The engine to serve with for rollout.partial_rollouts = mode ("continue" | "retract")."""
     if mode == "retract":
-        return RetractingEngine(engine)  # type: ignore[return-value]
+        return RetractingEngine(engine)
     if mode != "continue":
         raise ValueError(f"rollout.partial_rollouts is {mode!r}, not 'continue' or 'retract'")
     return engine

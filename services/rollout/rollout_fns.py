@@ -8,7 +8,7 @@ from concurrent.futures import Future, as_completed
 
 from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext
 from rlfleet.sample import RoutedExperts, Sample, Status
-from services.rollout.convert import sample_seed, status_of
+from services.rollout.messages import sample_seed, status_of
 
 
 def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:

@@ -31,10 +31,10 @@ from rlfleet.security.signing import weight_verifier
 from rlfleet.service_main import ServiceArgs, listen_address, serve_until
 from rlfleet.v1 import rollout_pb2_grpc, weight_sync_pb2_grpc
 from services.rollout.context import ServiceContext
-from services.rollout.convert import sampling_from_config
 from services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
 from services.rollout.engines import make_engine
 from services.rollout.engines.base import Engine
+from services.rollout.messages import sampling_from_config
 from services.rollout.partial import with_partial_rollouts
 from services.rollout.servicer import RolloutServicer
 from services.rollout.throughput_log import ThroughputLog

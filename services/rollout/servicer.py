@@ -8,11 +8,11 @@ from concurrent.futures import wait
 
 import grpc
 
-from rlfleet.packing import unpack_i32
+from rlfleet.packed_arrays import unpack_i32
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2
 from services.rollout.context import ServiceContext
-from services.rollout.convert import generation_to_proto, sampling_from_proto
 from services.rollout.engines.base import Engine, EngineError
+from services.rollout.messages import generation_to_proto, sampling_from_proto
 from services.rollout.throughput_log import ThroughputLog
 from services.rollout.weight_updates import WeightUpdater, held_digest
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from rlfleet.protocols import Generation, GroupTicket
 from rlfleet.sample import FREE_ROUTE, RoutedExperts, Sample, Status
-from services.rollout.convert import status_of
+from services.rollout.messages import status_of
 
 
 class TitoError(ValueError):

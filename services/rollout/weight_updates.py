@@ -21,12 +21,12 @@ import torch
 from rlfleet.security.signing import SignatureError, Verifier, verify_weights
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.rollout.engines.base import Engine
-from services.weight_sync.manifest import digest_of
+from services.weight_sync.transports.contract import Fetch, Receiver, ReceiverSetup, WeightHolder
+from services.weight_sync.transports.manifest import digest_of
+from services.weight_sync.transports.registry import transport
 
 log = logging.getLogger(__name__)
 
-# (manifest, token, timeout, replica_id) -> [(name, tensor)]; raises WeightTransferError
-Fetch = Callable[[weights_pb2.WeightManifest, str | None, float, str], list[tuple[str, torch.Tensor]]]
 Receivers = Callable[[str], Fetch]
 
 
@@ -152,49 +152,36 @@ class WeightUpdater:
 
 
 class TransportReceivers:
-    """`Receivers` for a replica: the stateful data planes are set up once, at start-up, and reused.
-
-    broadcast: joins the trainer's group in the background (the rendezvous comes from the control plane);
-    nixl: registers staging memory for `capacity_bytes` with a NIXL agent and publishes it on the control plane;
-    disk_delta: rebuilds versions from what the engine holds. Anything else: the stateless `default_receivers`.
+    """`Receivers` for a replica: each transport's receiver is built once, at start-up, from the registry, and
+    reused. broadcast joins the trainer's group in the background, nixl registers staging memory for
+    `capacity_bytes`, disk_delta rebuilds versions from what the engine holds; those that need the control plane
+    are left out without one. A transport not set up here falls back to its stateless fetch (`default_receivers`).
     """
 
-    def __init__(self, engine: Engine, replica_id: str, control: grpc.Channel | None, transports: tuple[str, ...],
-                 capacity_bytes: int = 0, device: str = "cpu", join_seconds: float = 120.0) -> None:
-        from services.weight_sync.peers import PeerDirectory
+    def __init__(self, engine: WeightHolder, replica_id: str, control: grpc.Channel | None,
+                 transports: tuple[str, ...], capacity_bytes: int = 0, device: str = "cpu",
+                 join_seconds: float = 120.0) -> None:
+        setup = ReceiverSetup(replica_id=replica_id, holder=engine, control=control, capacity_bytes=capacity_bytes,
+                              device=device, join_seconds=join_seconds)
+        self.receivers: dict[str, Receiver] = {}
+        for name in transports:
+            plug = transport(name)
+            if plug.fetch is not None or (plug.needs_control and control is None):
+                continue
+            self.receivers[name] = plug.make_receiver(setup)
 
-        self._fetch: dict[str, Fetch] = {}
-        self._closers: list[Callable[[], None]] = []
-        directory = PeerDirectory(control) if control is not None else None
-        if "disk_delta" in transports:
-            from services.weight_sync.transports.delta_receiver import DeltaReceiver
-
-            self._fetch["disk_delta"] = DeltaReceiver(
-                lambda: (engine.weight_version, dict(engine.named_weights()))).fetch
-        if "broadcast" in transports and directory is not None:
-            from services.weight_sync.transports.broadcast_receiver import BroadcastReceiver
-
-            self.broadcast = BroadcastReceiver(directory.peers, device, join_seconds)
-            self._fetch["broadcast"] = self.broadcast.fetch
-        if "nixl" in transports and directory is not None:
-            from services.weight_sync.transports.nixl_receiver import NixlReceiver
-
-            self.nixl = NixlReceiver(replica_id, capacity_bytes, directory.register, device)
-            self._fetch["nixl"] = self.nixl.fetch
-            self._closers.append(self.nixl.close)
-
-    def __call__(self, transport: str) -> Fetch:
-        fetch = self._fetch.get(transport)
-        return fetch if fetch is not None else default_receivers(transport)
+    def __call__(self, name: str) -> Fetch:
+        receiver = self.receivers.get(name)
+        return receiver.fetch if receiver is not None else default_receivers(name)
 
     def close(self) -> None:
-        for close in self._closers:
-            close()
+        for receiver in self.receivers.values():
+            receiver.close()
 
 
-def staging_capacity(engine: Engine, bucket_bytes: int) -> int:
+def staging_capacity(engine: WeightHolder, bucket_bytes: int) -> int:
     """Bytes of one NIXL staging slot for this engine's weights laid out in buckets (padding included)."""
-    from services.weight_sync.manifest import dtype_name
+    from rlfleet.dtypes import dtype_name
     from services.weight_sync.transports.layout import TensorSpec, plan
 
     specs = [TensorSpec(n, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import fields, replace
+from typing import Any
 
 import torch
 
@@ -79,6 +81,28 @@ def build_train_batch(samples: Sequence[Sample], pad_id: int = 0, routes: bool =
 def _route_extras(samples: Sequence[Sample], seq_len: int) -> dict:
     replay_routes = routes_tensor(samples, seq_len)                       # [S, L, layers, K] or None
     return {} if replay_routes is None else {ROUTES_KEY: replay_routes}
+
+
+def select_rows(batch: TrainBatch, rows: torch.Tensor, trim: bool = False) -> TrainBatch:
+    """The sub-batch of `rows` ([S'] indices, in that order). Every per-row field is indexed: tensors whose first
+    dimension is the batch's S rows, lists of S items, and the extras that are such tensors (routes, returns, token
+    versions; indexed on their own device); everything else (scalars, callables in extras) is kept as it is.
+    trim: also cut input_ids and attention_mask to the longest selected row (right padding only)."""
+    n = batch.input_ids.shape[0]
+
+    def per_row(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+            return value[rows.to(value.device)]
+        if isinstance(value, list) and len(value) == n:
+            return [value[i] for i in rows.tolist()]
+        return value
+
+    picked = {f.name: per_row(getattr(batch, f.name)) for f in fields(batch) if f.name != "extras"}
+    sub = replace(batch, **picked, extras={k: per_row(v) for k, v in batch.extras.items()})
+    if not trim:
+        return sub
+    keep = max(int(sub.attention_mask.sum(1).max()) if sub.attention_mask.numel() else 0, 1)
+    return replace(sub, input_ids=sub.input_ids[:, :keep], attention_mask=sub.attention_mask[:, :keep])
 
 
 def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:

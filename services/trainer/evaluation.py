@@ -9,7 +9,7 @@ from typing import Any
 
 from rlfleet.config import Config
 from rlfleet.data_files import eval_source
-from rlfleet.packing import pack_i32, unpack_f32, unpack_i32
+from rlfleet.packed_arrays import pack_i32, unpack_f32, unpack_i32
 from rlfleet.protocols import Prompt
 from rlfleet.rewards.scorer import load_scorer
 from rlfleet.sample import Sample, Status

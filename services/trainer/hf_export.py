@@ -12,7 +12,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from rlfleet.convert import convert, merge_lora, read_policy_state
+from services.trainer.export import convert, merge_lora, read_policy_state
 
 log = logging.getLogger(__name__)
 

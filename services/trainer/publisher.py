@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,7 +22,9 @@ from rlfleet.security.signing import HashingTee, Signer, sign_manifest
 from rlfleet.v1 import weights_pb2
 from services.trainer.clients import WeightSyncClient
 from services.trainer.collectives import all_reduce_max
+from services.weight_sync.transports.contract import Sender, SenderSetup
 from services.weight_sync.transports.errors import GroupLost
+from services.weight_sync.transports.registry import transport
 from services.weight_sync.transports.sharded import ShardedState
 
 log = logging.getLogger(__name__)
@@ -41,9 +44,9 @@ def resolve_transport(cfg: Config, model_bytes: int) -> str:
     if name != "auto":
         return name
     from services.weight_sync.transports.auto import choose, probe_delta, probe_memcpy, probe_nixl
-    from services.weight_sync.transports.nixl_agent import available
+    from services.weight_sync.transports.nixl.agent import available
 
-    probes = {"broadcast": probe_memcpy, "disk_delta": probe_delta}
+    probes: dict[str, Callable[[], float]] = {"broadcast": probe_memcpy, "disk_delta": probe_delta}
     missing = available()
     if missing is None:
         probes["nixl"] = probe_nixl
@@ -69,37 +72,14 @@ class WeightPublisher:
         self._control = channel(cfg.endpoints.weight_sync, token) if cfg.endpoints.weight_sync else None
         self.transport = resolve_transport(cfg, model_bytes)
         self.endpoint = cfg.endpoints.trainer_data
-        bucket_bytes = int(ws.bucket_mb * 2**20)
-        if self.transport in ("bucketed", "broadcast") and not self.endpoint:
+        plug = transport(self.transport)
+        if plug.needs_endpoint and not self.endpoint:
             raise ValueError("endpoints.trainer_data is empty: the trainer has nowhere to serve weights from")
-        if self.transport == "disk_delta":
-            from services.weight_sync.transports.delta_sender import DeltaSender
-
-            self.sender = DeltaSender(_delta_root(cfg), ws.delta_encoding, ws.rebase_every)
-            return
-        if self.transport == "nixl":
-            from services.weight_sync.peers import PeerDirectory
-            from services.weight_sync.transports.nixl_sender import NixlSender
-
-            directory = PeerDirectory(self._control)
-            self.sender = NixlSender(directory.peers, bucket_bytes, 0, world, device,
-                                     expected_replicas=cfg.rollout.replicas, wait_seconds=ws.join_seconds,
-                                     timeout=ws.update_timeout)
-            return
-        from services.weight_sync.transports.bucketed import BucketedSender
-
-        stream = BucketedSender(bind=self.endpoint, token=token, bucket_bytes=bucket_bytes,
-                                chunk_bytes=ws.chunk_kb * 1024)
-        if self.transport == "bucketed":
-            self.sender = stream
-            return
-        from services.weight_sync.peers import PeerDirectory
-        from services.weight_sync.transports.broadcast_sender import BroadcastSender
-
-        host = ws.group_host or self.endpoint.rpartition(":")[0] or "127.0.0.1"
-        self.sender = BroadcastSender(stream, PeerDirectory(self._control).register, cfg.rollout.replicas,
-                                      rendezvous_host=host, device=device, join_seconds=ws.join_seconds,
-                                      timeout=ws.update_timeout)
+        self.sender: Sender = plug.make_sender(SenderSetup(
+            endpoint=self.endpoint, token=token, bucket_bytes=int(ws.bucket_mb * 2**20), chunk_bytes=ws.chunk_kb * 1024,
+            control=self._control, device=self.device, rank=0, world=world, replicas=cfg.rollout.replicas,
+            join_seconds=ws.join_seconds, timeout=ws.update_timeout, group_host=ws.group_host,
+            delta_root=_delta_root(cfg), delta_encoding=ws.delta_encoding, rebase_every=ws.rebase_every))
 
     def publish(self, version: int, step: int, state: dict[str, torch.Tensor] | ShardedState,
                 adapter: dict[str, str] | None = None) -> weights_pb2.WeightManifest:
@@ -129,7 +109,8 @@ class WeightPublisher:
         `follow_publish` waits in: a barrier (every rank's NIXL writes are done before the version is announced)
         and the word on whether the gathers run again."""
         sharded = isinstance(state, ShardedState)
-        items = tee if tee is not None else state if sharded else list(state.items())
+        items: list[tuple[str, torch.Tensor]] | ShardedState | HashingTee = \
+            tee if tee is not None else state if isinstance(state, ShardedState) else list(state.items())
         for attempt in range(PASSES):
             lost: GroupLost | None = None
             try:
@@ -153,7 +134,7 @@ class WeightPublisher:
             self._control.close()
 
 
-def follow_publish(state: ShardedState, device: torch.device | str = "cpu", nixl_sender: object | None = None,
+def follow_publish(state: ShardedState, device: torch.device | str = "cpu", nixl_sender: Sender | None = None,
                    version: int = 0, step: int = 0) -> None:
     """Ranks other than 0: take part in rank 0's publish of the same ShardedState (its gathers; NIXL writes of this
     rank's replicas), pass after pass for as long as rank 0 says REDO. Raises GroupLost when rank 0 gave up."""

@@ -97,13 +97,6 @@ def routes_tensor(samples: Sequence[Sample], seq_len: int) -> torch.Tensor | Non
     return torch.from_numpy(routes)
 
 
-def select_route_rows(extras: dict, rows: torch.Tensor) -> dict:
-    """A copy of TrainBatch.extras whose routes keep only `rows` ([S'] indices); everything else shared."""
-    if ROUTES_KEY not in extras:
-        return extras
-    return {**extras, ROUTES_KEY: extras[ROUTES_KEY][rows.cpu()]}
-
-
 @dataclass
 class ReplayStats:
     """Counts over (token, MoE layer) pairs: replayed ones, and those where the trainer's own top-k chose another

@@ -25,13 +25,7 @@ from rlfleet.service_main import listen_address
 from rlfleet.v1 import buffer_pb2, trainer_pb2_grpc
 from services.trainer import checkpoint
 from services.trainer.algorithms import resolve
-from services.trainer.backends import (
-    data_parallel_size,
-    data_shard,
-    load_checkpoint,
-    make_backend,
-    save_checkpoint,
-)
+from services.trainer.backends import TrainerBackend, data_parallel_size, make_backend
 from services.trainer.backends.fsdp import init_distributed, trainer_device
 from services.trainer.batch import rank_groups
 from services.trainer.batch_stats import batch_stats
@@ -44,6 +38,7 @@ from services.trainer.hooks import call_hooks
 from services.trainer.publisher import WeightPublisher, follow_publish
 from services.trainer.servicer import TrainerServicer, TrainerState
 from services.trainer.step import StepContext
+from services.weight_sync.transports.sharded import ShardedState
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +139,7 @@ class Trainer:
                       evaluator=evaluator,
                       jsonl=MetricsLog(self.run_dir / "metrics" / "trainer.jsonl", cfg), prom=prom)
 
-    def _resume(self, backend: Any) -> int:
+    def _resume(self, backend: TrainerBackend) -> int:
         """Load the newest checkpoint when run.resume is set; returns the first step to train."""
         if not self.cfg.run.resume:
             if self.rank == 0 and checkpoint.latest(self.run_dir) is not None:
@@ -155,7 +150,7 @@ class Trainer:
         if info is None:
             log.info("run.resume is set but %s holds no complete checkpoint: starting at step 0", self.run_dir)
             return 0
-        load_checkpoint(backend, info, self.device)
+        backend.load_checkpoint(info)
         self.version, self.committed = info.version, info.step
         log.info("resumed from %s: step %d, version %d", info.path, info.step, info.version)
         if self.leader:
@@ -164,23 +159,21 @@ class Trainer:
 
     # -- pieces of a step -----------------------------------------------------------------------------------------
 
-    def _publish(self, backend: Any, version: int, step: int) -> None:
-        """Collective. A backend with `sharded_state` (FSDP) is gathered one parameter at a time while rank 0's
-        sender stages it, every rank iterating together; otherwise (Megatron: its HF conversion needs whole
-        tensors) rank 0 publishes the full state dict it gathered."""
-        sharded = getattr(backend, "sharded_state", None)
-        state = sharded() if sharded is not None else backend.full_state_dict()
+    def _publish(self, backend: TrainerBackend, version: int, step: int) -> None:
+        """Collective. The backend's publish_state: a ShardedState (FSDP) is gathered one parameter at a time while
+        rank 0's sender stages it, every rank iterating together; a full state dict (Megatron: its HF conversion
+        needs whole tensors) is gathered on rank 0, which publishes it."""
+        state = backend.publish_state()
         if self.leader:
-            self.leader.publisher.publish(version, step, state, adapter=getattr(backend, "adapter_options", None))
+            self.leader.publisher.publish(version, step, state, adapter=backend.adapter_options)
             self.leader.prom.weight_version.set(version)
             self.leader.state.update(weight_version=version)
-        elif sharded is not None:
+        elif isinstance(state, ShardedState):
             follow_publish(state, self.device, version=version, step=step)
         self.version = version
 
-    def _checkpoint(self, backend: Any, step: int) -> None:
-        path = save_checkpoint(backend, self.run_dir, step, self.version, self.device,
-                               self.cfg.trainer.keep_checkpoints)
+    def _checkpoint(self, backend: TrainerBackend, step: int) -> None:
+        path = backend.save_checkpoint(self.run_dir, step, self.version, self.cfg.trainer.keep_checkpoints)
         if self.rank == 0 and self.cfg.security.signing_key:
             seal(path, Signer.from_file(self.cfg.security.signing_key))
         call_hooks(self.hooks, "after_save", step, str(path))
@@ -242,7 +235,7 @@ class Trainer:
     def _train(self) -> dict[str, Any]:
         t = self.cfg.trainer
         backend = make_backend(self.cfg, self.rank, self.world_size, self.device, self.hooks)
-        data_rank, data_world = data_shard(backend, self.rank, self.world_size)
+        data_rank, data_world = backend.data_rank, backend.data_world
         self.ctx = replace(self.ctx, pad_id=backend.pad_id)
         start = self._resume(backend)
         if self.leader and self.committed >= 0:

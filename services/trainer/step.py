@@ -15,13 +15,13 @@ import torch
 from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch
 from rlfleet.sample import Sample
 from services.trainer.advantages import ALL_REDUCE_SUM, RETURNS
-from services.trainer.batch import batch_to, build_train_batch, forward_logprobs
+from services.trainer.batch import batch_to, build_train_batch, forward_logprobs, select_rows
 from services.trainer.collectives import all_reduce_sum
 from services.trainer.entropy import ENTROPY_GRAD
 from services.trainer.hooks import call_hooks
 from services.trainer.losses import ROW_COUNT, SEQ_COUNT
-from services.trainer.routing_replay import RoutingReplay, select_route_rows
-from services.trainer.token_versions import TOKEN_VERSIONS, version_sums, version_totals
+from services.trainer.routing_replay import RoutingReplay
+from services.trainer.token_versions import version_sums, version_totals
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +52,7 @@ class StepContext:
 
 def _select_rows(batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:
     # rows: [S'] indices into the batch; returns the sub-batch and its advantages [S', T]
-    def pick(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x[rows]
-
-    extras = dict(select_route_rows(batch.extras, rows))
-    if isinstance(extras.get(RETURNS), torch.Tensor):
-        extras[RETURNS] = extras[RETURNS][rows]
-    if isinstance(extras.get(TOKEN_VERSIONS), torch.Tensor):                  # [S, T] per-token weight versions
-        extras[TOKEN_VERSIONS] = extras[TOKEN_VERSIONS][rows.to(extras[TOKEN_VERSIONS].device)]
-    sub = TrainBatch(
-        input_ids=batch.input_ids[rows], attention_mask=batch.attention_mask[rows],
-        response_mask=batch.response_mask[rows], response_start=batch.response_start[rows],
-        rollout_logprobs=batch.rollout_logprobs[rows], rewards=batch.rewards[rows],
-        group_index=batch.group_index[rows], weight_versions=batch.weight_versions[rows],
-        sample_ids=[batch.sample_ids[i] for i in rows.tolist()], old_logprobs=pick(batch.old_logprobs),
-        ref_logprobs=pick(batch.ref_logprobs), teacher_logprobs=pick(batch.teacher_logprobs),
-        values=pick(batch.values), extras=extras,
-    )
-    return sub, advantages[rows]
+    return select_rows(batch, rows), advantages[rows]
 
 
 def _logprobs(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -> torch.Tensor:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import cast
 
 import grpc
 
 from rlfleet.metrics import JsonlLog, WeightSyncMetrics
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.weight_sync.board import VersionBoard
-from services.weight_sync.manifest import check_manifest_digest
+from services.weight_sync.transports.manifest import check_manifest_digest
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class WeightSyncServicer(weight_sync_pb2_grpc.WeightSyncServicer):
         if left is not None:
             wait = min(wait, max(0.0, left - 0.2))
         found = self._board.peers(request.transport, request.min_peers, wait)
-        return weight_sync_pb2.PeersReply(peers=found)
+        return weight_sync_pb2.PeersReply(peers=cast(list[weight_sync_pb2.PeerInfo], found))
 
     def _write(self, record: dict) -> None:
         if self._jsonl is not None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
+from tests.cluster.tools import need_module
 
-pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (scripts/install_cluster_tools.sh)")
-pytest.importorskip("kmock", reason="kmock is not installed (scripts/install_cluster_tools.sh)")
+need_module("kubernetes", module_level=True)
+need_module("kmock", module_level=True)
 
 import yaml  # noqa: E402
 from kubernetes import client  # noqa: E402
@@ -15,7 +15,6 @@ from rlfleet.metrics import ControllerMetrics  # noqa: E402
 from services.controller.__main__ import build  # noqa: E402
 from services.controller.settings import parse_settings  # noqa: E402
 from tests.cluster.chart import by_kind, component, pod_spec, render  # noqa: E402
-from tests.cluster.tools import need_module  # noqa: E402
 
 
 def test_chart_args_parse_and_the_controller_builds(tmp_path, monkeypatch) -> None:

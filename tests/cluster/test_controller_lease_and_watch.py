@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (scripts/install_cluster_tools.sh)")
-pytest.importorskip("kmock", reason="kmock is not installed (scripts/install_cluster_tools.sh)")
+from tests.cluster.tools import need_module
+
+need_module("kubernetes", module_level=True)
+need_module("kmock", module_level=True)
 
 import kmock  # noqa: E402
 from kubernetes import client  # noqa: E402
@@ -21,7 +23,6 @@ from services.controller.watcher import ListWatch  # noqa: E402
 from tests.cluster.controller_rig import Clock  # noqa: E402
 from tests.cluster.k8s_objects import NAMESPACE, pod  # noqa: E402
 from tests.cluster.kmock_server import KmockApi  # noqa: E402
-from tests.cluster.tools import need_module  # noqa: E402
 
 
 @pytest.fixture()

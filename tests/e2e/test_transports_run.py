@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.requires import missing
 from tests.support.runs import failure_report, run_rlfleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 @pytest.mark.parametrize("transport", ["broadcast", "disk_delta", "nixl"])
 def test_run_with_transport(tmp_path: Path, warm_model: Path, transport: str) -> None:
     if transport == "nixl" and importlib.util.find_spec("nixl") is None:
-        pytest.skip("nixl is not installed: pip install nixl==1.5.1")
+        missing("nixl is not installed: pip install nixl==1.5.1")
     run_dir = tmp_path / "run"
     result = run_rlfleet(run_dir, warm_model, {"trainer.steps": 3, "trainer.groups_per_step": 8,
                                                "eval.max_prompts": 16, "weight_sync.transport": transport})

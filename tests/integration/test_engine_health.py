@@ -22,8 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.rpc import channel
 from services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
-from services.rollout.engines.sglang_client import SGLangClient, SGLangError
-from services.rollout.engines.sglang_server import SGLangServer
+from services.rollout.engines.sglang.client import SGLangClient, SGLangError
+from services.rollout.engines.sglang.server import SGLangServer
 from tests.integration.test_rollout_service import (  # noqa: F401 - `servers` is a fixture
     GROUP_SIZE,
     ROOT,

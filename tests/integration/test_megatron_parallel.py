@@ -14,10 +14,11 @@ from safetensors.torch import load_file
 from services.trainer import checkpoint
 from tests.support.megatron_cpu_shims import megatron_skip_reason
 from tests.support.megatron_runs import make_tiny_qwen2, spawn_run
+from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
 
 SKIP = megatron_skip_reason()
-pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+pytestmark = requires(SKIP)
 
 VOCAB = 19            # not a multiple of 2: TP=2 pads the vocabulary
 METRIC_TOL = 1e-5     # fp32 on CPU: reductions in another order

@@ -7,7 +7,7 @@ import time
 import grpc
 import pytest
 
-from rlfleet.packing import pack_i32, unpack_i32
+from rlfleet.packed_arrays import pack_i32, unpack_i32
 from rlfleet.rpc import Server
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
 from services.rollout.router import ReplicaRouter, rendezvous

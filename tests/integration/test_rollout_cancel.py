@@ -19,8 +19,8 @@ from services.buffer.core import BufferCore
 from services.buffer.server import start_server
 from services.buffer.settings import BufferSettings
 from services.buffer.stores.embedded import EmbeddedStore
-from services.rollout.convert import status_of
 from services.rollout.engines.torch_engine import TorchEngine
+from services.rollout.messages import status_of
 from services.rollout.work_loop import WorkLoop, WorkSettings
 from tests.support.engine_context import EngineContext
 from tests.support.tiny_model import make_tiny_model

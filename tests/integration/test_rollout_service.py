@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from rlfleet.metrics import read_jsonl
-from rlfleet.packing import pack_i32, unpack_f32, unpack_i32
+from rlfleet.packed_arrays import pack_i32, unpack_f32, unpack_i32
 from rlfleet.protocols import SamplingParams
 from rlfleet.rpc import Server, channel, wait_healthy
 from rlfleet.sample import Sample, Status, validate_message
@@ -33,8 +33,8 @@ from rlfleet.v1 import (
     weight_sync_pb2_grpc,
     weights_pb2,
 )
-from services.rollout.convert import sample_seed
 from services.rollout.engines.torch_engine import TorchEngine
+from services.rollout.messages import sample_seed
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
@@ -241,8 +241,9 @@ def test_plugin_import_failure_exits_2_naming_the_plugin(tmp_path: Path) -> None
 
 
 def test_weight_versions_arrive_by_subscription_and_load_weights(tmp_path: Path) -> None:
-    bucketed = pytest.importorskip("services.weight_sync.transports.bucketed")
     from transformers import AutoModelForCausalLM
+
+    from services.weight_sync.transports import bucketed
 
     buffer, weights = FakeBuffer(groups=0), FakeWeightSync()
     bsrv, wsrv = Server("127.0.0.1:0", TOKEN), Server("127.0.0.1:0", TOKEN)

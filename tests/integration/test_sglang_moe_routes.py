@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 
 from rlfleet.protocols import Generation, SamplingParams
-from services.rollout.engines.sglang_client import SGLangClient
-from services.rollout.engines.sglang_engine import SGLangEngine
-from services.rollout.engines.sglang_server import SGLangServer
+from services.rollout.engines.sglang.client import SGLangClient
+from services.rollout.engines.sglang.engine import SGLangEngine
+from services.rollout.engines.sglang.server import SGLangServer
 from services.rollout.engines.torch_engine import TorchEngine
+from tests.support.requires import requires
 from tests.support.sglang_stub import INSTALL_HINT, make_sglang_tiny_moe, server_spec, sglang_python
 
 PYTHON = sglang_python()
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900),
-              pytest.mark.skipif(PYTHON is None, reason=f"no SGLang venv: {INSTALL_HINT}")]
+              requires(None if PYTHON else f"no SGLang venv: {INSTALL_HINT}")]
 
 PROMPTS = [[1, 5, 6, 14, 7], [1, 9, 9, 9], [3, 4, 15, 4, 16, 20, 31], [1, 12, 10, 13, 11, 14, 8, 5, 27]]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)

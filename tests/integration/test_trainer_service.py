@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from rlfleet.metrics import read_jsonl
-from rlfleet.packing import pack_f32, pack_i32
+from rlfleet.packed_arrays import pack_f32, pack_i32
 from rlfleet.ports import free_ports
 from rlfleet.protocols import Prompt
 from rlfleet.rpc import Server
@@ -31,8 +31,8 @@ from rlfleet.v1 import (
     weight_sync_pb2_grpc,
     weights_pb2,
 )
-from services.weight_sync.manifest import digest_of, manifest_digest, manifest_pairs
 from services.weight_sync.transports.bucketed import fetch
+from services.weight_sync.transports.manifest import digest_of, manifest_digest, manifest_pairs
 from tests.support.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -60,7 +60,7 @@ def _worker(rank: int, world: int, port: int, models: dict[str, str], run_dir: s
     from services.trainer.batch import rank_groups
     from services.trainer.collectives import broadcast_bytes
     from services.trainer.step import StepContext
-    from services.weight_sync.transports.bucketed_sender import stage_tensors
+    from services.weight_sync.transports.bucketed.sender import stage_tensors
     from tests.unit.test_trainer_fsdp import batch_for
 
     torch.set_num_threads(1)

@@ -21,7 +21,8 @@ from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.weight_updates import TransportReceivers, WeightUpdater, staging_capacity, subscribe_loop
 from services.weight_sync.board import VersionBoard
 from services.weight_sync.servicer import WeightSyncServicer
-from services.weight_sync.transports.nixl_agent import available as nixl_missing
+from services.weight_sync.transports.nixl.agent import available as nixl_missing
+from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
@@ -38,8 +39,8 @@ def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes:
     from services.trainer.batch import rank_groups
     from services.trainer.collectives import broadcast_bytes
     from services.trainer.step import StepContext
-    from services.weight_sync.peers import PeerDirectory
-    from services.weight_sync.transports.bucketed_sender import BucketedSender
+    from services.weight_sync.transports.bucketed.sender import BucketedSender
+    from services.weight_sync.transports.peers import PeerDirectory
     from services.weight_sync.transports.sharded import ShardedState
     from tests.unit.test_trainer_fsdp import _config, batch_for
 
@@ -56,13 +57,13 @@ def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes:
         ctx = StepContext(advantage_fn, loss_fn, (), temperature=0.9, minibatches=2, grad_clip=0.5, world_size=world,
                           device=device, pad_id=backend.pad_id)
         if "nixl" in planes:
-            from services.weight_sync.transports.nixl_sender import NixlSender
+            from services.weight_sync.transports.nixl.sender import NixlSender
 
             senders["nixl"] = NixlSender(PeerDirectory(chans["nixl"]).peers, BUCKET, rank, world,
                                          expected_replicas=1, wait_seconds=60)
         if rank == 0:
-            from services.weight_sync.transports.broadcast_sender import BroadcastSender
-            from services.weight_sync.transports.delta_sender import DeltaSender
+            from services.weight_sync.transports.broadcast.sender import BroadcastSender
+            from services.weight_sync.transports.disk_delta.sender import DeltaSender
 
             senders["broadcast"] = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET),
                                                    PeerDirectory(chans["broadcast"]).register, 1, join_seconds=60)
@@ -181,7 +182,10 @@ def _check(transport: str, run: tuple[Path, dict[str, Replica]]) -> None:
 
 def test_broadcast_replica_bit_identical_after_three_updates(run: tuple[Path, dict[str, Replica]]) -> None:
     _check("broadcast", run)
-    assert run[1]["broadcast"].receivers.broadcast.member            # it came through the group, not the fallback
+    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+
+    receiver = run[1]["broadcast"].receivers.receivers["broadcast"]
+    assert isinstance(receiver, BroadcastReceiver) and receiver.member    # it came through the group, not the fallback
 
 
 def test_disk_delta_replica_bit_identical_after_three_updates(run: tuple[Path, dict[str, Replica]]) -> None:
@@ -190,6 +194,6 @@ def test_disk_delta_replica_bit_identical_after_three_updates(run: tuple[Path, d
     assert kinds == ["base", "delta", "delta", "delta"]
 
 
-@pytest.mark.skipif(NIXL_MISSING is not None, reason=f"nixl does not import: {NIXL_MISSING} (pip install nixl)")
+@requires(f"nixl does not import: {NIXL_MISSING} (pip install nixl)" if NIXL_MISSING else None)
 def test_nixl_replica_bit_identical_after_three_updates(run: tuple[Path, dict[str, Replica]]) -> None:
     _check("nixl", run)

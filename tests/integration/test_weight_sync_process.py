@@ -18,9 +18,9 @@ import yaml
 
 from rlfleet.rpc import channel, wait_healthy
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
-from services.weight_sync.manifest import digest_of
 from services.weight_sync.transports import get_receiver
 from services.weight_sync.transports.bucketed import BucketedSender
+from services.weight_sync.transports.manifest import digest_of
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from rlfleet.metrics import WeightSyncMetrics
 from rlfleet.rpc import Server, channel
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.weight_sync.board import VersionBoard
-from services.weight_sync.manifest import manifest_digest
 from services.weight_sync.servicer import WeightSyncServicer
+from services.weight_sync.transports.manifest import manifest_digest
 
 TOKEN = "control-token"
 

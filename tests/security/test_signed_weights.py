@@ -17,9 +17,9 @@ from rlfleet.security.signing import HashingTee, SignatureError, Signer, Verifie
 from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
 from services.rollout.weight_updates import WeightUpdater
 from services.weight_sync.board import VersionBoard
-from services.weight_sync.peers import PeerDirectory
 from services.weight_sync.servicer import WeightSyncServicer
-from services.weight_sync.transports.nixl_agent import available as nixl_missing
+from services.weight_sync.transports.nixl.agent import available as nixl_missing
+from services.weight_sync.transports.peers import PeerDirectory
 
 torch.set_num_threads(1)
 BUCKET = 1024
@@ -91,8 +91,8 @@ def bucketed(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
 
 @contextmanager
 def disk_delta(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
-    from services.weight_sync.transports.delta_receiver import DeltaReceiver
-    from services.weight_sync.transports.delta_sender import DeltaSender
+    from services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
+    from services.weight_sync.transports.disk_delta.sender import DeltaSender
 
     sender = DeltaSender(tmp / "delta", "xor")
     yield sender.stage, DeltaReceiver(lambda: (engine.weight_version, dict(engine.named_weights()))).fetch
@@ -101,9 +101,9 @@ def disk_delta(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]
 @contextmanager
 def broadcast(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
     """The broadcast receiver over its gRPC stream (a replica outside the trainer's group)."""
-    from services.weight_sync.transports.broadcast_receiver import BroadcastReceiver
-    from services.weight_sync.transports.broadcast_sender import BroadcastSender
-    from services.weight_sync.transports.bucketed_sender import BucketedSender
+    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+    from services.weight_sync.transports.broadcast.sender import BroadcastSender
+    from services.weight_sync.transports.bucketed.sender import BucketedSender
 
     plane = Plane()
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 1,
@@ -118,9 +118,9 @@ def broadcast(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]
 
 @contextmanager
 def nixl(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
-    from services.weight_sync.transports.bucketed_sender import stage_tensors
-    from services.weight_sync.transports.nixl_receiver import NixlReceiver
-    from services.weight_sync.transports.nixl_sender import NixlSender
+    from services.weight_sync.transports.bucketed.sender import stage_tensors
+    from services.weight_sync.transports.nixl.receiver import NixlReceiver
+    from services.weight_sync.transports.nixl.sender import NixlSender
 
     plane = Plane()
     capacity = stage_tensors(1, 1, tensors(1), BUCKET, "x:0").layout.total_bytes
@@ -196,7 +196,7 @@ def test_forged_and_unsigned_versions_are_refused(transport: str, tmp_path: Path
 
 def test_a_signature_by_another_key_or_over_other_tensors_does_not_verify(keys: tuple[Signer, Verifier],
                                                                          tmp_path: Path) -> None:
-    from services.weight_sync.transports.bucketed_sender import stage_tensors
+    from services.weight_sync.transports.bucketed.sender import stage_tensors
 
     signer, verifier = keys
     named = tensors(3)

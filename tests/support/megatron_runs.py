@@ -59,7 +59,7 @@ def batch_for(step: int, vocab: int) -> buffer_pb2.Batch:
 def _make_backend(cfg: Config, rank: int, world: int) -> Any:
     device = torch.device("cpu")
     if cfg.trainer.backend == "megatron":
-        from services.trainer.backends.megatron import MegatronBackend
+        from services.trainer.backends.megatron.backend import MegatronBackend
         return MegatronBackend(cfg, rank, world, device)
     from services.trainer.backends.fsdp import FsdpBackend
     return FsdpBackend(cfg, rank, world, device)

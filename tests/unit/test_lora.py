@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlfleet.dtypes import dtype_name
 from rlfleet.v1 import weights_pb2
 from services.rollout.engines.base import EngineError
 from services.rollout.engines.lora import LoraMerger
 from services.rollout.weight_updates import WeightUpdater
 from services.trainer.lora import LoraLinear, apply_lora, is_adapter, merge_adapters
-from services.weight_sync.manifest import digest_of, dtype_name, tensor_xxh64
+from services.weight_sync.transports.manifest import digest_of, tensor_xxh64
 from tests.support.tiny_model import make_tiny_model
 
 TARGETS = ["q_proj", "v_proj"]

@@ -15,10 +15,11 @@ import torch.distributed as dist
 
 from tests.support.megatron_cpu_shims import megatron_on_cpu, megatron_skip_reason
 from tests.support.megatron_runs import make_tiny_qwen2, run_config
+from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
 
 SKIP = megatron_skip_reason()
-pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+pytestmark = requires(SKIP)
 
 LOGIT_TOL = 1e-4
 
@@ -42,8 +43,8 @@ def megatron_world() -> Iterator[None]:
 def _hf_and_megatron(model_dir: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     from transformers import AutoModelForCausalLM
 
-    from services.trainer.backends.megatron_convert import Layout, hf_to_megatron
-    from services.trainer.backends.megatron_model import build_gpt_model, model_shape, transformer_config
+    from services.trainer.backends.megatron.convert import Layout, hf_to_megatron
+    from services.trainer.backends.megatron.model import build_gpt_model, model_shape, transformer_config
 
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     shape = model_shape(hf.config)
@@ -67,7 +68,7 @@ def test_logits_equal_hf(megatron_world: None, tmp_path: Path, kind: str) -> Non
 
 def test_vocab_parallel_logprobs_equal_trainer_logprobs(megatron_world: None) -> None:
     from rlfleet.sample import Sample
-    from services.trainer.backends.megatron_logprobs import parallel_response_logprobs
+    from services.trainer.backends.megatron.logprobs import parallel_response_logprobs
     from services.trainer.batch import build_train_batch, response_logprobs
 
     samples = [Sample(group_id="g", index=i, group_size=2, prompt_ids=[1, 4, 5][:2 + i], response_ids=[6, 7, 8][i:],
@@ -86,13 +87,13 @@ def test_vocab_parallel_logprobs_equal_trainer_logprobs(megatron_world: None) ->
 def test_factory_backend_publishes_the_hf_weights(megatron_world: None, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from services.trainer.backends import data_shard, make_backend
+    from services.trainer.backends import make_backend
 
     model_dir = make_tiny_qwen2(tmp_path / "m")
     cfg = run_config(tmp_path / "run", model_dir, "megatron", 1)
     backend = make_backend(cfg, 0, 1, torch.device("cpu"))
     assert type(backend).__name__ == "MegatronBackend"
-    assert data_shard(backend, 0, 1) == (0, 1)
+    assert (backend.data_rank, backend.data_world) == (0, 1)
     state = backend.full_state_dict()
     initial = load_file(str(model_dir / "model.safetensors"))
     assert set(state) == set(initial) | {"lm_head.weight"}

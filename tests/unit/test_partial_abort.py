@@ -13,7 +13,7 @@ from rlfleet.protocols import Generation, GroupTicket, Prompt, SamplingParams
 from rlfleet.sample import Sample, Status
 from rlfleet.v1 import buffer_pb2
 from services.rollout.context import GroupAborted, GroupContext
-from services.rollout.convert import status_of
+from services.rollout.messages import status_of
 from services.rollout.work_loop import WorkLoop, WorkSettings
 
 

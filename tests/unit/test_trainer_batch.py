@@ -79,3 +79,47 @@ def test_model_logprobs_do_not_depend_on_padding(tmp_path: Path) -> None:
         alone = forward_logprobs(model, build_train_batch([short]), 0.8)        # [1, 1]
     torch.testing.assert_close(both[1, :1], alone[0], atol=1e-5, rtol=0)
     assert both.shape == (2, 4) and torch.isfinite(both).all() and (both[0] < 0).all()
+
+
+def test_select_rows_indexes_every_per_row_field_and_extra_and_trims_on_request() -> None:
+    """The one row selection (trainer minibatches, Megatron microbatches): rows [2, 0] of a 3-row batch."""
+    from rlfleet.protocols import TrainBatch
+    from services.trainer.batch import select_rows
+
+    def marker() -> None:
+        return None
+
+    batch = TrainBatch(
+        input_ids=torch.tensor([[1, 2, 0, 0], [3, 4, 5, 6], [7, 0, 0, 0]]),
+        attention_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]),
+        response_mask=torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]),
+        response_start=torch.tensor([1, 2, 0]),
+        rollout_logprobs=torch.tensor([[-1.0, -2.0], [-3.0, -4.0], [-5.0, -6.0]]),
+        rewards=torch.tensor([0.1, 0.2, 0.3]), group_index=torch.tensor([0, 0, 1]),
+        weight_versions=torch.tensor([4, 5, 6]), sample_ids=["a", "b", "c"],
+        old_logprobs=torch.tensor([[-0.1, -0.2], [-0.3, -0.4], [-0.5, -0.6]]), values=None,
+        extras={"routed_experts": torch.arange(3 * 4 * 1 * 2).reshape(3, 4, 1, 2),     # [S, L, layers, K]
+                "returns": torch.tensor([[1.0], [2.0], [3.0]]),
+                "token_versions": torch.tensor([[4, 4], [5, 5], [6, 6]]),
+                "all_reduce_sum": marker, "scale": torch.tensor(2.0)},
+    )
+    rows = torch.tensor([2, 0])
+    sub = select_rows(batch, rows)
+    assert sub.input_ids.tolist() == [[7, 0, 0, 0], [1, 2, 0, 0]]
+    assert sub.attention_mask.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0]]
+    assert sub.response_mask.tolist() == [[0.0, 0.0], [1.0, 0.0]]
+    assert sub.response_start.tolist() == [0, 1] and sub.group_index.tolist() == [1, 0]
+    assert sub.rollout_logprobs.tolist() == [[-5.0, -6.0], [-1.0, -2.0]]
+    assert sub.rewards.tolist() == pytest.approx([0.3, 0.1]) and sub.weight_versions.tolist() == [6, 4]
+    assert sub.sample_ids == ["c", "a"] and sub.values is None
+    assert sub.old_logprobs is not None
+    assert torch.equal(sub.old_logprobs, torch.tensor([[-0.5, -0.6], [-0.1, -0.2]]))
+    assert sub.extras["routed_experts"].tolist() == [[[[16, 17]], [[18, 19]], [[20, 21]], [[22, 23]]],
+                                                    [[[0, 1]], [[2, 3]], [[4, 5]], [[6, 7]]]]
+    assert sub.extras["returns"].tolist() == [[3.0], [1.0]]
+    assert sub.extras["token_versions"].tolist() == [[6, 6], [4, 4]]
+    assert sub.extras["all_reduce_sum"] is marker and float(sub.extras["scale"]) == 2.0     # not per-row: kept
+    assert batch.sample_ids == ["a", "b", "c"]                                              # the batch is untouched
+    trimmed = select_rows(batch, rows, trim=True)                # longest selected row is 2 tokens: cut to 2
+    assert trimmed.input_ids.tolist() == [[7, 0], [1, 2]] and trimmed.attention_mask.tolist() == [[1, 0], [1, 1]]
+    assert trimmed.response_mask.shape == (2, 2)

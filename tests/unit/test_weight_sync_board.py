@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlfleet.v1 import weights_pb2
 from services.weight_sync.board import VersionBoard
-from services.weight_sync.manifest import manifest_digest
+from services.weight_sync.transports.manifest import manifest_digest
 
 
 def manifest(version: int) -> weights_pb2.WeightManifest:

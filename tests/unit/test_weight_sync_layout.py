@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.manifest import digest_of, manifest_digest, tensor_xxh64
 from services.weight_sync.transports.layout import ALIGN, LayoutError, TensorSpec, layout_of, plan
+from services.weight_sync.transports.manifest import digest_of, manifest_digest, tensor_xxh64
 
 
 def spec(name: str, dtype: str, n: int, size: int) -> TensorSpec:

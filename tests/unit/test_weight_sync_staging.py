@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from services.weight_sync.manifest import dtype_name
-from services.weight_sync.transports.bucketed_sender import stage_tensors
+from rlfleet.dtypes import dtype_name
+from services.weight_sync.transports.bucketed.sender import stage_tensors
 from services.weight_sync.transports.layout import TensorSpec
 
 torch.set_num_threads(1)

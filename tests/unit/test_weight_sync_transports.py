@@ -12,14 +12,14 @@ import torch
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
 from services.rollout.weight_updates import WeightUpdater
 from services.weight_sync.board import VersionBoard
-from services.weight_sync.manifest import digest_of
 from services.weight_sync.transports.auto import choose
-from services.weight_sync.transports.broadcast_wire import header_tensor, parse, table_tensor
-from services.weight_sync.transports.bucketed_sender import stage_tensors
-from services.weight_sync.transports.delta_codec import apply, encode
+from services.weight_sync.transports.broadcast.wire import header_tensor, parse, table_tensor
+from services.weight_sync.transports.bucketed.sender import stage_tensors
+from services.weight_sync.transports.disk_delta.codec import apply, encode
 from services.weight_sync.transports.fill import BucketFiller, emission_order
 from services.weight_sync.transports.layout import plan
-from services.weight_sync.transports.nixl_sender import plan_for
+from services.weight_sync.transports.manifest import digest_of
+from services.weight_sync.transports.nixl.sender import plan_for
 from services.weight_sync.transports.sharded import ShardedState, materialize
 
 torch.set_num_threads(1)

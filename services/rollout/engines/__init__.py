@@ -13,7 +13,7 @@ def make_engine(cfg: Config) -> Engine:
         return TorchEngine(cfg.model_path, max_batch_size=cfg.rollout.max_batch_size, device=cfg.rollout.device,
                            dtype=cfg.model.dtype, seed=cfg.run.seed, on_policy=cfg.trainer.on_policy)
     if cfg.rollout.engine == "sglang":
-        from services.rollout.engines.sglang_factory import engine_from_config
+        from services.rollout.engines.sglang.factory import engine_from_config
 
         return engine_from_config(cfg)
     raise EngineError(f"rollout.engine '{cfg.rollout.engine}' is not available in this build")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from services.rollout.engines.base import Engine, EngineError
-from services.weight_sync.manifest import digest_of
+from services.weight_sync.transports.manifest import digest_of
 
 
 def parse_options(options: Mapping[str, str]) -> tuple[int, float]:

@@ -58,10 +58,11 @@ class RouteRecorder:
 
     def take(self, batch: int, length: int) -> torch.Tensor:
         """Expert ids of the last forward as int64 on CPU: [batch, length, num_layers, K]. Clears what it returns."""
+        recorded = [t for t in self._ids if t is not None]
         missing = [self.names[i] for i, ids in enumerate(self._ids) if ids is None]
         if missing:
             raise RuntimeError(f"no routes recorded for {missing[0]} in the last forward pass")
-        ids = torch.stack([t.reshape(batch, length, -1) for t in self._ids], dim=2)   # [B, Lq, layers, K]
+        ids = torch.stack([t.reshape(batch, length, -1) for t in recorded], dim=2)   # [B, Lq, layers, K]
         self._ids = [None] * len(self._ids)
         return ids.to("cpu", torch.int64)
 

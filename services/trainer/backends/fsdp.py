@@ -1,7 +1,7 @@
 """FSDP2 backend: torch.distributed (gloo on CPU, NCCL on CUDA), HF causal LM sharded per decoder layer, AdamW.
 
 Options (trainer.*): precision (bf16 compute with fp32 master weights on CUDA, fp32 on CPU), activation
-checkpointing, sequence packing (services/trainer/packing.py), LoRA adapters (services/trainer/lora.py), an LR
+checkpointing, sequence packing (services/trainer/sequence_packing.py), LoRA adapters (services/trainer/lora.py), an LR
 schedule, and the auxiliary models some algorithms need: the reference model (kl.coef > 0), the distillation teacher
 and PPO's critic, each sharded the same way.
 """
@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from rlfleet.batch_invariant import invariant_call, load_kwargs
 from rlfleet.config import Config
+from rlfleet.dtypes import DTYPES
 from rlfleet.sample import Sample
 from services.trainer import checkpoint
 from services.trainer.algorithms import needs_critic, needs_teacher
@@ -35,11 +36,10 @@ from services.trainer.batch import forward_logprobs
 from services.trainer.critic import Critic
 from services.trainer.hooks import call_hooks
 from services.trainer.lora import apply_lora, is_adapter
-from services.trainer.packing import packed_forward_logprobs
 from services.trainer.routing_replay import RoutingReplay
 from services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
+from services.trainer.sequence_packing import packed_forward_logprobs
 from services.trainer.step import StepContext, train_step
-from services.weight_sync.manifest import DTYPES
 from services.weight_sync.transports.sharded import ShardedState
 
 log = logging.getLogger(__name__)
@@ -92,10 +92,11 @@ class FsdpBackend:
     """One trainer rank's model and optimizer. Construct on every rank after init_distributed."""
 
     def __init__(self, cfg: Config, rank: int, world_size: int, device: torch.device,
-                 hooks: Sequence[Any] = ()) -> None:
+                 hooks: Sequence[object] = ()) -> None:
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        self.data_rank, self.data_world = rank, world_size          # every rank is a data-parallel rank
         t = cfg.trainer
         self.publish_dtype = DTYPES[cfg.model.dtype]
         # Meta-device build + per-rank shard reads (backends/shard_loading.py) unless the model must exist whole
@@ -133,7 +134,7 @@ class FsdpBackend:
             if not t.teacher.model_path:
                 raise ValueError(f"trainer.algorithm {t.algorithm} needs trainer.teacher.model_path")
             self.teacher = FrozenScorer(t.teacher.model_path, device, self._shard, self._forward)
-        self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, tuple(t.betas)) \
+        self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, t.betas) \
             if needs_critic(t) else None
         self._trained_ids: list[str] = []         # sample ids trained on since the last checkpoint (this rank)
 
@@ -207,6 +208,9 @@ class FsdpBackend:
         if self.cfg.trainer.lora.rank:
             names = [k for k in self.model.state_dict() if is_adapter(k)]
         return ShardedState(self.model, self.publish_dtype, names)
+
+    def publish_state(self) -> ShardedState:
+        return self.sharded_state()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective. Rank 0 gets every tensor (CPU, publish dtype) -- with LoRA only the adapters; others get {}."""

@@ -1,37 +1,35 @@
-"""Weight data planes: the sending half (imported by the trainer) and receiving half (imported by rollout).
+"""The weight transport library: the data planes that move weights from the trainer to the rollout replicas.
 
-Transports: "bucketed" (gRPC stream), "broadcast" (gloo/NCCL group, gRPC stream for replicas outside it), "nixl"
-(P2P WRITEs into registered replica memory), "disk_delta" (changed elements in files). `get_receiver(name)` gives
-the stateless fetch of "bucketed"; the others keep state on the replica (a group membership, a registered agent,
-the held weights) and are built by services.rollout.weight_updates.TransportReceivers.
+This is a library, not part of the weight_sync service: the sending halves run inside the trainer's processes
+(services/trainer/publisher.py) and the receiving halves inside each rollout replica
+(services/rollout/weight_updates.py); the weight_sync service itself (services/weight_sync/servicer.py, board.py)
+only carries manifests, acknowledgements and the peer directory. It is the one package that other services may
+import from services/weight_sync (tests/unit/test_import_directions.py holds that).
+
+contract.py: the `Sender` / `Receiver` Protocols, the `WeightHolder` a receiver reads, the setups factories get.
+registry.py: `TRANSPORTS` and `transport(name)`, the one lookup both sides use.
+One package per transport: bucketed/ (gRPC stream), broadcast/ (gloo/NCCL group, gRPC fallback), nixl/ (P2P
+WRITEs into registered replica memory), disk_delta/ (changed elements in files). Shared pieces: manifest.py
+(checksums, digests), layout.py (bucket plans), fill.py, planned.py, sharded.py, peers.py (control-plane client),
+errors.py, auto.py (`transport: auto`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
-
-from rlfleet.v1 import weights_pb2
+from services.weight_sync.transports.contract import Fetch
 from services.weight_sync.transports.errors import WeightTransferError
 
-# fetch(manifest, token, timeout, replica_id) -> [(name, tensor)] in manifest order; raises WeightTransferError
-Receiver = Callable[[weights_pb2.WeightManifest, str | None, float, str], list[tuple[str, torch.Tensor]]]
 
-KNOWN = ("bucketed", "broadcast", "nixl", "disk_delta")
-STATEFUL = ("broadcast", "nixl", "disk_delta")
+def get_receiver(name: str) -> Fetch:
+    """The receiver of a stateless transport (one any process can build without setup); ValueError for an unknown
+    transport or one that keeps state on the replica (built once by services.rollout.weight_updates)."""
+    from services.weight_sync.transports.registry import transport
 
-
-def get_receiver(name: str) -> Receiver:
-    """The fetch function of a stateless transport; ValueError for one this build does not have or that needs state."""
-    if name == "bucketed":
-        from services.weight_sync.transports.bucketed import fetch
-
-        return fetch
-    if name in STATEFUL:
+    fetch = transport(name).fetch
+    if fetch is None:
         raise ValueError(f"weight transport '{name}' needs a replica-side receiver "
                          "(services.rollout.weight_updates.TransportReceivers)")
-    raise ValueError(f"unknown weight transport '{name}' (available: {', '.join(KNOWN)})")
+    return fetch
 
 
-__all__ = ["KNOWN", "STATEFUL", "Receiver", "WeightTransferError", "get_receiver"]
+__all__ = ["Fetch", "WeightTransferError", "get_receiver"]

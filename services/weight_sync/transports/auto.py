@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +44,7 @@ def probe_memcpy(nbytes: int = PROBE_BYTES) -> float:
 
 
 def probe_nixl(nbytes: int = PROBE_BYTES) -> float:
-    from services.weight_sync.transports.nixl_agent import make_agent, wait_xfer
+    from services.weight_sync.transports.nixl.agent import make_agent, wait_xfer
 
     src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
     a, b = make_agent("probe-a"), make_agent("probe-b")
@@ -67,7 +67,7 @@ def probe_delta(nbytes: int = PROBE_BYTES) -> float:
     """Full-bytes-equivalent rate of xor + zstd on a tensor where ~1% changed."""
     import zstandard
 
-    from services.weight_sync.transports.delta_codec import encode
+    from services.weight_sync.transports.disk_delta.codec import encode
 
     prev = torch.randint(-2**15, 2**15 - 1, (nbytes // 2,), dtype=torch.int16).view(torch.bfloat16)
     new = prev.clone()
@@ -80,7 +80,7 @@ def probe_delta(nbytes: int = PROBE_BYTES) -> float:
     return _gbps(once, nbytes)
 
 
-def choose(model_bytes: int, available: dict[str, Callable[[], float]]) -> Choice:
+def choose(model_bytes: int, available: Mapping[str, Callable[[], float]]) -> Choice:
     """Measure every available transport (name -> probe returning GB/s) and pick the fastest for model_bytes."""
     bw, est = {}, {}
     for name, probe in available.items():

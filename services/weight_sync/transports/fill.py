@@ -9,12 +9,12 @@ sender sends bucket i while the next one is being gathered and copied.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 
 import torch
 import xxhash
 
-from services.weight_sync.manifest import DTYPES
+from rlfleet.dtypes import DTYPES
 from services.weight_sync.transports.layout import Layout, TensorSpec
 
 
@@ -79,7 +79,7 @@ class BucketFiller:
         view[self._ends[bucket]:].zero_()
         return view
 
-    def fill(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[int, torch.Tensor]]:
+    def fill(self, named: Iterable[tuple[str, torch.Tensor]]) -> Generator[tuple[int, torch.Tensor], None, None]:
         layout = self.layout
         open_: dict[int, torch.Tensor] = {}
         filled = [0] * layout.num_buckets
@@ -95,7 +95,7 @@ class BucketFiller:
             host = raw if raw.device.type == "cpu" else None
             if host is None and p.nbytes:
                 host = raw.cpu()                                   # hashing reads host bytes
-            if p.nbytes:
+            if p.nbytes and host is not None:
                 h.update(memoryview(host.numpy()))
             self.hashes.append(h.hexdigest())
             bucket, offset, pos = p.bucket, p.offset, 0

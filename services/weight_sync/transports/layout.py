@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlfleet.dtypes import DTYPES
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.manifest import DTYPES
 
 ALIGN = 16   # bytes; >= every element size we move, so bucket starts in the flat buffer keep tensors aligned
 
@@ -142,8 +142,8 @@ def layout_of(manifest: weights_pb2.WeightManifest) -> Layout:
 
 def checked_layout(manifest: weights_pb2.WeightManifest, transport: str) -> Layout:
     """The manifest's bucket layout, after checking its transport and digest: what every receiver does first."""
-    from services.weight_sync.manifest import check_manifest_digest
     from services.weight_sync.transports.errors import WeightTransferError
+    from services.weight_sync.transports.manifest import check_manifest_digest
 
     version = manifest.version
     if manifest.transport != transport:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.manifest import manifest_digest
 from services.weight_sync.transports.layout import Layout, TensorSpec
+from services.weight_sync.transports.manifest import manifest_digest
 
 
 def build_manifest(version: int, step: int, transport: str, endpoint: str, layout: Layout,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
-from services.weight_sync.manifest import dtype_name
+from rlfleet.dtypes import dtype_name
 from services.weight_sync.transports.layout import TensorSpec
 
 

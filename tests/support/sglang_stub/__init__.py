@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 STUB_DIR = Path(__file__).resolve().parent
 ROOT = STUB_DIR.parents[2]
@@ -53,9 +54,9 @@ def make_sglang_tiny_model(path: Path, seed: int = 0, layers: int = 2) -> Path:
     return path
 
 
-def server_spec(model_path: Path, python: Path, **kwargs: object):  # -> SGLangServerSpec
+def server_spec(model_path: Path, python: Path, **kwargs: Any):  # -> SGLangServerSpec
     """A CPU float32 server spec with the import stub on its PYTHONPATH."""
-    from services.rollout.engines.sglang_server import SGLangServerSpec
+    from services.rollout.engines.sglang.server import SGLangServerSpec
 
     return SGLangServerSpec(model_path=Path(model_path), python=python, pythonpath=(STUB_DIR,), dtype="float32",
                             device="cpu", **kwargs)

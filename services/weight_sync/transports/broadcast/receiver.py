@@ -1,0 +1,162 @@
+"""Receive side of the broadcast transport: a thread that stays in the group and keeps the last versions received.
+
+The trainer broadcasts a version *before* it publishes the manifest, so the replica receives while it generates;
+`fetch(manifest)` then waits for that version's bytes, checks every hash against the manifest and returns tensors.
+A broken stream (trainer or another member died mid-broadcast, a bucket missing) marks that version failed with the
+reason and ends the group: this replica records leaving in the rendezvous store (the trainer may not have noticed:
+gloo broadcasts along a tree) and drops its side, so the members downstream of it fail at once too. Nothing of a
+failed version is returned from the group; it and every later version come over the gRPC stream when the manifest
+offers it (`fallback: bucketed`). A manifest with `members: "0"` was sent to no group: it is fetched over the gRPC
+stream at once, without waiting on the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+
+from rlfleet.v1 import weight_sync_pb2, weights_pb2
+from services.weight_sync.transports.broadcast.group import (
+    PEER_ID,
+    TRANSPORT,
+    Group,
+    broadcast,
+    drop,
+    join,
+    record_left,
+)
+from services.weight_sync.transports.broadcast.wire import CLOSE, HEADER_LEN, parse
+from services.weight_sync.transports.bucketed.receiver import fetch as fetch_bucketed
+from services.weight_sync.transports.bucketed.receiver import unpack
+from services.weight_sync.transports.errors import WeightTransferError
+from services.weight_sync.transports.layout import checked_layout
+
+log = logging.getLogger(__name__)
+
+KEEP = 2                            # versions kept received but not yet fetched
+IDLE_OP_TIMEOUT = 24 * 3600.0       # a member waits this long for the next header
+
+
+class BroadcastReceiver:
+    """One replica's membership of the broadcast group (joined in the background at start-up)."""
+
+    def __init__(self, peers: Callable[[str, int, float], list[weight_sync_pb2.PeerInfo]],
+                 device: torch.device | str = "cpu", join_seconds: float = 120.0,
+                 op_timeout: float = IDLE_OP_TIMEOUT) -> None:
+        self._peers = peers
+        self.device = torch.device(device)
+        self._join_seconds = join_seconds
+        self._op_timeout = op_timeout
+        self._cond = threading.Condition()
+        self._received: OrderedDict[int, torch.Tensor] = OrderedDict()   # version -> flat [total_bytes] uint8
+        self._failed: dict[int, str] = {}
+        self.member = False
+        self.dead = ""                # why the group ended ("" while alive or never joined)
+        self._thread = threading.Thread(target=self._run, name="broadcast-receiver", daemon=True)
+        self._thread.start()
+
+    # --- group thread ----------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            found: list[weight_sync_pb2.PeerInfo] = []
+            while not found:                 # the trainer may start after the replicas: wait as long as it takes
+                found = [p for p in self._peers(TRANSPORT, 1, 30.0) if p.peer_id == PEER_ID]
+            group = join(found[0].options["rendezvous"], self.device, self._join_seconds, self._op_timeout)
+        except Exception as exc:  # noqa: BLE001 - not joining means the gRPC fallback, not a crash
+            self._end(f"could not join the broadcast group: {type(exc).__name__}: {exc}")
+            return
+        if group is None:
+            self._end("the trainer formed the broadcast group without this replica")
+            return
+        with self._cond:
+            self.member = True
+            self._cond.notify_all()
+        log.info("joined the broadcast group as rank %d of %d", group.rank, group.size)
+        self._receive_loop(group)
+
+    def _receive_loop(self, group: Group) -> None:
+        while True:
+            version, got, total = -1, 0, 0
+            try:
+                header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
+                broadcast(group, header).wait()
+                version, nb = int(header[1]), int(header[2])
+                if version == CLOSE:
+                    self._end("the trainer closed the broadcast group")
+                    return
+                table = torch.empty(2 * nb, dtype=torch.int64, device=self.device)
+                broadcast(group, table).wait()
+                h = parse(header.cpu(), table.cpu())
+                total = len(h.order)
+                flat = torch.empty(h.total_bytes, dtype=torch.uint8, device=self.device)   # [total_bytes]
+                starts = h.starts()
+                for b in h.order:
+                    broadcast(group, flat[starts[b]:starts[b] + h.sizes[b]]).wait()
+                    got += 1
+            except Exception as exc:  # noqa: BLE001 - the stream broke: this version is lost, the group is over
+                reason = f"broadcast stream truncated after {got} of {total} buckets: {type(exc).__name__}: {exc}"
+                record_left(group)            # before fetch hears of it: the trainer's next stage sees "left"
+                drop(group)
+                with self._cond:
+                    if version >= 0:
+                        self._failed[version] = reason
+                self._end(reason)
+                return
+            with self._cond:
+                self._received[version] = flat.cpu()
+                while len(self._received) > KEEP:
+                    self._received.popitem(last=False)
+                self._cond.notify_all()
+
+    def _end(self, reason: str) -> None:
+        log.warning("broadcast group: %s", reason)
+        with self._cond:
+            self.dead = reason
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The membership ends with the process (the daemon thread leaves the group when the trainer drops it)."""
+
+    # --- fetch ------------------------------------------------------------------------------------------------------
+    def wait_joined(self, timeout: float) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: self.member or bool(self.dead), timeout)
+            return self.member
+
+    def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+              replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
+        """The version's tensors, checked against the manifest; WeightTransferError if it did not arrive whole."""
+        version = manifest.version
+        layout = checked_layout(manifest, TRANSPORT)
+        deadline = time.monotonic() + timeout
+        sent_to_group = manifest.options.get("members") != "0"
+        with self._cond:
+            if sent_to_group:
+                self._cond.wait_for(lambda: self.member or bool(self.dead), max(0.0, deadline - time.monotonic()))
+                if self.member:
+                    self._cond.wait_for(
+                        lambda: version in self._received or version in self._failed or bool(self.dead),
+                        max(0.0, deadline - time.monotonic()))
+            flat = self._received.get(version)
+            failed = self._failed.get(version)
+        if flat is not None:
+            if flat.numel() != layout.total_bytes:
+                raise WeightTransferError(version, f"received {flat.numel()} bytes, manifest lays out "
+                                                   f"{layout.total_bytes}")
+            return unpack(manifest, layout, flat)
+        if not sent_to_group:
+            reason = "the trainer sent this version to no group"
+        else:
+            reason = failed or self.dead or f"version not received within {timeout:.0f}s"
+        if manifest.options.get("fallback") == "bucketed":
+            fb = weights_pb2.WeightManifest()
+            fb.CopyFrom(manifest)
+            fb.transport = "bucketed"
+            log.info("version %d over the gRPC stream (%s)", version, reason)
+            return fetch_bucketed(fb, token, max(1.0, deadline - time.monotonic()), replica_id)
+        raise WeightTransferError(version, reason)

@@ -1,0 +1,128 @@
+"""Receive side of the bucketed transport: stream every bucket, rebuild the tensors, check every hash, or raise."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+import numpy as np
+import torch
+
+from rlfleet.dtypes import DTYPES
+from rlfleet.rpc import channel
+from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
+from services.weight_sync.transports.errors import WeightTransferError
+from services.weight_sync.transports.layout import Layout, checked_layout
+from services.weight_sync.transports.manifest import buffer_xxh64, manifest_digest
+
+TRANSPORT = "bucketed"
+_EMPTY_XXH64 = buffer_xxh64(b"")
+
+
+def receive_buckets(version: int, layout: Layout, chunks: Iterable[weight_sync_pb2.WeightChunk]) -> torch.Tensor:
+    """Write every bucket's chunks into one flat buffer [layout.total_bytes] uint8; raise unless all arrived whole.
+
+    Chunks of a bucket must come in order without gaps; buckets may interleave.
+    """
+    flat = torch.empty(layout.total_bytes, dtype=torch.uint8)   # [total_bytes]
+    buf = flat.numpy()
+    nb = layout.num_buckets
+    got = [0] * nb
+    done = [False] * nb
+    for c in chunks:
+        if c.version != version:
+            raise WeightTransferError(version, f"sender streamed a chunk of version {c.version}")
+        b = c.bucket
+        if b >= nb:
+            raise WeightTransferError(version, f"chunk of bucket {b}, but the manifest has {nb} buckets")
+        if done[b]:
+            raise WeightTransferError(version, f"chunk of bucket {b} after its last chunk")
+        if c.offset != got[b]:
+            raise WeightTransferError(version, f"bucket {b}: chunk at offset {c.offset}, expected {got[b]}")
+        n = len(c.data)
+        size = layout.bucket_sizes[b]
+        if got[b] + n > size:
+            raise WeightTransferError(version, f"bucket {b}: size mismatch, {got[b] + n} bytes for {size}-byte bucket")
+        start = layout.bucket_starts[b] + got[b]
+        buf[start:start + n] = np.frombuffer(c.data, dtype=np.uint8)
+        got[b] += n
+        if c.last:
+            if got[b] != size:
+                raise WeightTransferError(version, f"bucket {b}: size mismatch, ended after {got[b]} of {size} bytes")
+            done[b] = True
+    missing = [b for b in range(nb) if not done[b]]
+    if missing:
+        shown = ", ".join(str(b) for b in missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise WeightTransferError(version, f"stream truncated: {len(missing)} of {nb} buckets missing or incomplete "
+                                           f"({shown}); {sum(got)} of {layout.total_bytes} bytes received")
+    return flat
+
+
+def unpack(manifest: weights_pb2.WeightManifest, layout: Layout, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """Tensors as views of `flat` (aligned ones) in manifest order, after every xxh64 and the digest match."""
+    version = manifest.version
+    buf = flat.numpy()
+    out: list[tuple[str, torch.Tensor]] = []
+    hashes: list[tuple[str, str]] = []
+    bad: list[str] = []
+    for e, p in zip(manifest.tensors, layout.placements, strict=True):
+        dtype, shape = DTYPES[e.dtype], tuple(e.shape)
+        if p.nbytes:
+            s = layout.flat_start(p)
+            h = buffer_xxh64(memoryview(buf[s:s + p.nbytes]))
+            raw = flat[s:s + p.nbytes]                     # [nbytes] uint8
+            if s % dtype.itemsize:
+                raw = raw.clone()                          # only a hand-made manifest can misalign a tensor
+            t = raw.view(dtype).reshape(shape)
+        else:
+            h, t = _EMPTY_XXH64, torch.empty(shape, dtype=dtype)
+        if h != e.xxh64:
+            bad.append(f"{e.name} (got {h}, manifest {e.xxh64})")
+        hashes.append((e.name, h))
+        out.append((e.name, t))
+    if bad:
+        raise WeightTransferError(version, f"checksum mismatch in {len(bad)} tensor(s): {'; '.join(bad[:4])}")
+    if manifest_digest(hashes) != manifest.digest:
+        raise WeightTransferError(version, f"digest mismatch: received {manifest_digest(hashes)}, "
+                                           f"manifest {manifest.digest}")
+    return out
+
+
+def receive(manifest: weights_pb2.WeightManifest, layout: Layout,
+            chunks: Iterable[weight_sync_pb2.WeightChunk]) -> list[tuple[str, torch.Tensor]]:
+    """Consume a Fetch stream (gRPC call or any iterable of chunks) into checked tensors, or raise."""
+    try:
+        flat = receive_buckets(manifest.version, layout, chunks)
+    except grpc.RpcError as exc:
+        code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        raise WeightTransferError(manifest.version,
+                                  f"fetch from {manifest.endpoint} failed: {code}: {details}") from None
+    return unpack(manifest, layout, flat)
+
+
+def fetch(manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+          replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Fetch version `manifest.version` from `manifest.endpoint` and return (name, tensor) in manifest order.
+
+    Every tensor is checked against its xxh64 and the manifest digest before anything is returned; any failure
+    (RPC error, deadline, truncated stream, missing bucket, size or checksum mismatch) raises WeightTransferError.
+    The returned tensors are CPU views into one buffer holding the whole version.
+    """
+    version = manifest.version
+    layout = checked_layout(manifest, TRANSPORT)
+    with channel(manifest.endpoint, token) as ch:
+        stub = weight_sync_pb2_grpc.WeightStreamStub(ch)
+        request = weight_sync_pb2.FetchRequest(version=version, replica_id=replica_id)
+        return receive(manifest, layout, stub.Fetch(request, timeout=timeout))
+
+
+class StreamReceiver:
+    """The bucketed transport's Receiver: stateless, each fetch streams the version from the manifest's endpoint."""
+
+    def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+              replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
+        return fetch(manifest, token, timeout, replica_id)
+
+    def close(self) -> None:
+        """Nothing held between versions."""

@@ -1,0 +1,118 @@
+"""The allowed import directions, read from the source with ast (every import, module level or inside a function):
+- the SDK (rlfleet/) imports no service: services depend on the SDK, never the reverse;
+- a service imports another service only through the declared exception, the weight transport library
+  (services/weight_sync/transports/, which trainer and rollout run in-process), and that library imports nothing
+  of the weight_sync service around it;
+- nothing installed (rlfleet/, services/) imports examples/ (they are user code, found by config dotted paths);
+- the module graph of rlfleet/, services/ and examples/ has no cycle."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("rlfleet", "services", "examples")
+LIBRARY = "services.weight_sync.transports"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = _module_name(path)
+            if not name.startswith("rlfleet.v1"):                    # generated stubs import only protobuf/grpc
+                found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every project module this file imports (`from a.b import c` is a.b.c when that is a module, else a.b)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target.split(".")[0] in PACKAGES:
+                yield target
+
+
+GRAPH = {name: sorted(set(_imports(path))) for name, path in MODULES.items()}
+
+
+def _service(module: str) -> str:
+    return module.split(".")[1] if module.startswith("services.") and module.count(".") else ""
+
+
+def test_the_sdk_imports_no_service_and_nothing_installed_imports_examples() -> None:
+    bad = [(m, t) for m, ts in GRAPH.items() for t in ts
+           if (m.startswith("rlfleet") and t.startswith("services")) or
+           (not m.startswith("examples") and t.startswith("examples"))]
+    assert bad == []
+
+
+def test_services_meet_only_through_the_transport_library() -> None:
+    crossing = [(m, t) for m, ts in GRAPH.items() for t in ts
+                if _service(m) and _service(t) and _service(m) != _service(t) and not t.startswith(LIBRARY)]
+    assert crossing == []
+    library_into_service = [(m, t) for m, ts in GRAPH.items() for t in ts
+                            if m.startswith(LIBRARY) and t.startswith("services.") and not t.startswith(LIBRARY)]
+    assert library_into_service == []
+    # the exception is used as declared: trainer and rollout both take their data planes from it
+    users = {_service(m) for m, ts in GRAPH.items() for t in ts if t.startswith(LIBRARY) and not m.startswith(LIBRARY)}
+    assert {"trainer", "rollout"} <= users
+
+
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module, or of one that imports itself (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, []):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, []):
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_module_graph_has_no_cycle() -> None:
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]   # the check itself
+    assert _cycles(GRAPH) == []

@@ -1,0 +1,65 @@
+"""Every weight transport and trainer backend a config can name is found through its registry, and the two sides
+of a transport (the trainer's publisher, a replica's receivers) build theirs from that one table."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlfleet.config import Config, TrainerConfig, WeightSyncConfig, parse_config
+from services.rollout.weight_updates import TransportReceivers
+from services.trainer.backends import BACKENDS, backend_spec
+from services.trainer.publisher import WeightPublisher
+from services.weight_sync.transports import bucketed
+from services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
+from services.weight_sync.transports.disk_delta.sender import DeltaSender
+from services.weight_sync.transports.registry import TRANSPORTS, transport
+
+
+def _literal(model: type, field: str) -> set[str]:
+    return set(typing.get_args(model.model_fields[field].annotation))
+
+
+def test_every_configurable_transport_and_backend_is_registered() -> None:
+    assert _literal(WeightSyncConfig, "transport") - {"auto"} == set(TRANSPORTS) == {
+        "bucketed", "broadcast", "nixl", "disk_delta"}
+    assert all(t.name == name for name, t in TRANSPORTS.items())
+    assert _literal(TrainerConfig, "backend") == set(BACKENDS) == {"fsdp", "megatron"}
+    with pytest.raises(ValueError, match="unknown weight transport 'carrier-pigeon'"):
+        transport("carrier-pigeon")
+    with pytest.raises(ValueError, match="unknown trainer.backend 'jax'"):
+        backend_spec("jax")
+
+
+def _config(tmp_path: Path) -> Config:
+    return parse_config({"run": {"dir": str(tmp_path / "run")}, "model": {"path": str(tmp_path)},
+                         "rollout": {"data_source": "x:y", "reward_fn": "x:y", "replicas": 3},
+                         "trainer": {"backend": "megatron", "world_size": 8,
+                                     "megatron": {"tensor_parallel": 2, "pipeline_parallel": 2}},
+                         "weight_sync": {"transport": "disk_delta"}})
+
+
+def test_the_publisher_and_the_replica_take_their_halves_from_the_registry(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    assert backend_spec("megatron").data_parallel_size(cfg, 8) == 2                 # 8 ranks / (TP 2 * PP 2)
+    assert backend_spec("fsdp").data_parallel_size(cfg, 8) == 8
+    publisher = WeightPublisher(cfg, None, weight_sync=None)  # type: ignore[arg-type]  # publish() is not called
+    assert isinstance(publisher.sender, DeltaSender) and publisher.transport == "disk_delta"
+    publisher.close()
+
+    class Holder:                      # what a receiver may see of a replica: version and tensors, no engine
+        weight_version = 4
+
+        def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+            return [("w", torch.zeros(2))]
+
+    receivers = TransportReceivers(Holder(), "r0", None, ("bucketed", "disk_delta", "broadcast", "nixl"))
+    assert set(receivers.receivers) == {"disk_delta"}        # bucketed is stateless; the others need the control plane
+    assert isinstance(receivers.receivers["disk_delta"], DeltaReceiver)
+    assert receivers("bucketed") is bucketed.fetch
+    with pytest.raises(ValueError, match="needs a replica-side receiver"):
+        receivers("nixl")
+    receivers.close()
