@@ -107,7 +107,8 @@ class Trainer:
         t = cfg.trainer
         self.ctx = StepContext(advantage_fn=advantage_fn, loss_fn=loss_fn, hooks=self.hooks,
                                temperature=cfg.rollout.sampling.temperature, minibatches=t.minibatches,
-                               grad_clip=t.grad_clip, world_size=world_size, device=self.device)
+                               grad_clip=t.grad_clip, world_size=world_size, device=self.device,
+                               single_pass=cfg.perf.single_pass)
         self.leader: Leader | None = None
         self.version = 0
         self.committed = -1
