@@ -19,6 +19,7 @@ import grpc
 
 from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config, ConfigError, dump_config
+from rlfleet.placement import plan, thread_env
 from rlfleet.plugins import load_callable
 from rlfleet.ports import free_ports
 from rlfleet.preflight import check_plugins
@@ -115,12 +116,18 @@ class LocalRun:
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p)
         self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.env.setdefault("HF_HUB_OFFLINE", "1")        # model.path is a local folder: never wait on a hub
+        self.placement = plan(sorted(os.sched_getaffinity(0)), cfg.trainer.world_size, cfg.rollout.replicas,
+                              overlap=cfg.buffer.max_staleness >= 1, cfg=cfg.placement,
+                              trainer_threads=cfg.trainer.threads)
 
-    def _start(self, name: str, module: str, extra: list[str], env: dict[str, str] | None = None) -> Child:
+    def _start(self, name: str, module: str, extra: list[str], extra_env: dict[str, str] | None = None) -> Child:
         args = ["-m", module, "--config", str(self.config_path), *extra]
-        child = Child(name, args, self.run_dir / "logs" / f"{name}.log", {**self.env, **(env or {})})
+        place = self.placement[name]
+        env = {**self.env, **thread_env(place), **(extra_env or {})}
+        child = Child(name, args, self.run_dir / "logs" / f"{name}.log", env,
+                      cpus=place.cpus if self.cfg.placement.pin else None)
         self.children.append(child)
-        self._specs[name] = (module, extra, env)
+        self._specs[name] = (module, extra, extra_env)
         return child
 
     def _write_processes(self) -> None:
@@ -146,17 +153,19 @@ class LocalRun:
 
     def start(self) -> None:
         cfg = self.cfg
-        threads = {"OMP_NUM_THREADS": str(cfg.trainer.threads), "MKL_NUM_THREADS": str(cfg.trainer.threads)}
+        print("rlfleet: cores (placement): " + ", ".join(
+            f"{name} cpus {','.join(map(str, p.cpus))} x{p.threads} threads" for name, p in self.placement.items()),
+            file=sys.stderr)
         self._start("buffer", "services.buffer", [])
         self._start("weight_sync", "services.weight_sync", [])
         self._wait([cfg.endpoints.buffer, cfg.endpoints.weight_sync], 60)
         host, _, port = cfg.endpoints.rendezvous.rpartition(":")
         for rank in range(cfg.trainer.world_size):
             self._start(f"trainer-{rank}", "services.trainer", [], {
-                **threads, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.trainer.world_size),
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.trainer.world_size),
                 "MASTER_ADDR": host, "MASTER_PORT": port})
         for i in range(cfg.rollout.replicas):
-            self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)], threads)
+            self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)])
         self._write_processes()
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
 

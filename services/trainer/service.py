@@ -99,7 +99,8 @@ class Trainer:
         self.cfg, self.token, self.rank, self.world_size = cfg, token, rank, world_size
         self.listen, self.metrics_port = listen, metrics_port
         self.run_dir = cfg.run_dir
-        torch.set_num_threads(cfg.trainer.threads)
+        if cfg.trainer.threads is not None:        # else OMP_NUM_THREADS: the launcher's placement (issue 15)
+            torch.set_num_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.run.seed + rank)
         self.device = trainer_device(cfg.trainer.device, rank)
         self.hooks = load_hooks(cfg.trainer.hooks)
