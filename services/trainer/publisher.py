@@ -96,14 +96,18 @@ class WeightPublisher:
                                       timeout=ws.update_timeout)
 
     def publish(self, version: int, step: int, state: dict[str, torch.Tensor] | ShardedState,
-                adapter: dict[str, str] | None = None) -> weights_pb2.WeightManifest:
+                adapter: dict[str, str] | None = None,
+                options: dict[str, str] | None = None) -> weights_pb2.WeightManifest:
         """Stage `state` (name -> full tensor in model order, or a ShardedState) as `version` and announce it.
+        `options` go into the manifest as they are (e.g. the tied aliases, rlfleet/tied.py).
 
         With a ShardedState every other trainer rank must run `follow_publish` at the same time.
         """
         manifest = self._stage(version, step, state)
         if not manifest.endpoint:
             manifest.endpoint = self.endpoint
+        if options:
+            manifest.options.update(options)
         if adapter:                          # LoRA: `state` holds adapter tensors only (rank, alpha, targets)
             manifest.adapter_only = True
             manifest.options.update(adapter)

@@ -167,7 +167,9 @@ class Trainer:
         sharded = getattr(backend, "sharded_state", None)
         state = sharded() if sharded is not None else backend.full_state_dict()
         if self.leader:
-            self.leader.publisher.publish(version, step, state, adapter=getattr(backend, "adapter_options", None))
+            options = backend.publish_options() if hasattr(backend, "publish_options") else None
+            self.leader.publisher.publish(version, step, state, adapter=getattr(backend, "adapter_options", None),
+                                          options=options)
             self.leader.prom.weight_version.set(version)
             self.leader.state.update(weight_version=version)
         elif sharded is not None:
