@@ -224,7 +224,8 @@ class PlacementConfig(_Section):
 
 class PerfConfig(_Section):
     single_pass: bool = True                   # minibatches 1: old logprobs from the training forward
-    engine_compile: bool = False               # torch engine: torch.compile the decode step
+    engine_fast_decode: bool = True            # torch engine: lean Llama-family decode step (fast_decode.py)
+    engine_compile: bool = False               # torch engine: torch.compile that step (needs a compiler; slow start)
 
 
 class Config(_Section):
