@@ -24,13 +24,16 @@ def test_two_cpus_split_when_rollout_and_training_overlap() -> None:
 
 def test_two_cpus_shared_when_they_take_turns() -> None:
     got = plan([0, 1], trainer_ranks=1, replicas=1, overlap=False)
-    assert got["trainer-0"] == got["rollout-0"] == Placement((0, 1), 2)
+    assert got["trainer-0"] == got["rollout-0"] == Placement((0, 1), 1)     # anywhere, never oversubscribed
 
 
-def test_two_trainer_ranks_on_two_cpus_get_one_each() -> None:
-    got = plan([0, 1], trainer_ranks=2, replicas=1, overlap=False)
+def test_trainer_ranks_get_a_block_each() -> None:
+    got = plan([0, 1], trainer_ranks=2, replicas=1, overlap=True)
+    assert (got["trainer-0"], got["trainer-1"]) == (Placement((0,), 1), Placement((1,), 1))   # wraps: shares
+    assert got["rollout-0"] == Placement((1,), 1)
+    got = plan([0, 1, 2, 3], trainer_ranks=2, replicas=1, overlap=True)
     assert (got["trainer-0"], got["trainer-1"]) == (Placement((0,), 1), Placement((1,), 1))
-    assert got["rollout-0"] == Placement((0, 1), 2)
+    assert got["rollout-0"] == Placement((2, 3), 2)
 
 
 def test_sixty_four_cpus() -> None:
@@ -38,6 +41,8 @@ def test_sixty_four_cpus() -> None:
     assert got["trainer-0"] == Placement(tuple(range(32)), 32)
     assert got["rollout-0"] == Placement(tuple(range(32, 63)), 31)
     assert got["buffer"] == got["weight_sync"] == Placement((63,), 1)
+    sync = plan(list(range(64)), trainer_ranks=1, replicas=1, overlap=False)
+    assert sync["trainer-0"] == Placement(tuple(range(63)), 32) and sync["rollout-0"] == Placement(tuple(range(63)), 31)
     got = plan(list(range(64)), trainer_ranks=4, replicas=2, overlap=True)
     assert [got[f"trainer-{r}"].cpus for r in range(4)] == [tuple(range(8 * r, 8 * r + 8)) for r in range(4)]
     assert got["rollout-0"] == Placement(tuple(range(32, 47)), 15)
