@@ -244,7 +244,7 @@ class TrainerConfig(_Section):
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     hooks: list[str] = []
-    threads: int = Field(1, ge=1)           # torch intra-op threads per rank
+    threads: int | None = Field(None, ge=1)  # torch threads per rank; None: placement.trainer (issue 15)
     device: str = "cpu"
     routing_replay: bool = False            # MoE: replay the rollout's expert routes (R3, trainer/routing_replay.py)
     # issue 5: algorithms, precision, packing, LoRA, scheduler
@@ -324,6 +324,28 @@ class EndpointsConfig(_Section):
     rendezvous: str = ""                      # torch.distributed master addr:port for trainer ranks
 
 
+# issue 15: speed. Cores per local service (rlfleet/placement.py) and the fast paths' off-switches.
+class ServicePlacement(_Section):
+    """One local service's (each trainer rank's, each rollout replica's) share of the cores; None: derived."""
+
+    cores: int | None = Field(None, ge=1)      # CPUs it is pinned to (sched_setaffinity)
+    threads: int | None = Field(None, ge=1)    # torch intra-op threads (default: its cores)
+
+
+class PlacementConfig(_Section):
+    pin: bool = True                           # pin each service to its cores (off: threads only)
+    trainer: ServicePlacement = ServicePlacement()
+    rollout: ServicePlacement = ServicePlacement()
+    buffer: ServicePlacement = ServicePlacement()
+    weight_sync: ServicePlacement = ServicePlacement()
+
+
+class PerfConfig(_Section):
+    single_pass: bool = True                   # minibatches 1: old logprobs from the training forward
+    engine_fast_decode: bool = True            # torch engine: lean Llama-family decode step (fast_decode.py)
+    engine_compile: bool = False               # torch engine: torch.compile that step (needs a compiler; slow start)
+
+
 class Config(_Section):
     run: RunConfig = RunConfig()
     model: ModelConfig
@@ -335,6 +357,8 @@ class Config(_Section):
     dashboards: DashboardsConfig = DashboardsConfig()
     security: SecurityConfig = SecurityConfig()
     endpoints: EndpointsConfig = EndpointsConfig()
+    placement: PlacementConfig = PlacementConfig()
+    perf: PerfConfig = PerfConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:

@@ -18,6 +18,7 @@ import grpc
 
 from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config, ConfigError, dump_config
+from rlfleet.placement import plan, thread_env
 from rlfleet.plugins import load_callable
 from rlfleet.ports import free_ports
 from rlfleet.preflight import check_run
@@ -133,13 +134,19 @@ class LocalRun:
         self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.env.setdefault("HF_HUB_OFFLINE", "1")        # model.path is a local folder: never wait on a hub
         self.operator = load_credential(cfg.security, "operator", name="operator")   # the launcher's own identity
+        self.placement = plan(sorted(os.sched_getaffinity(0)), cfg.trainer.world_size, cfg.rollout.replicas,
+                              overlap=cfg.buffer.max_staleness >= 1, cfg=cfg.placement,
+                              trainer_threads=cfg.trainer.threads)
 
-    def _start(self, name: str, module: str, extra: list[str], env: dict[str, str] | None = None) -> Child:
+    def _start(self, name: str, module: str, extra: list[str], extra_env: dict[str, str] | None = None) -> Child:
         args = ["-m", module, "--config", str(self.config_path), *extra]
-        child = Child(name, args, self.run_dir / "logs" / f"{name}.log",
-                      {**self.env, **(env or {}), **child_identity_env(self.cfg, name)})
+        # replicas added by `rlfleet scale` share the first replica's cores
+        place = self.placement.get(name) or self.placement["rollout-0"]
+        env = {**self.env, **thread_env(place), **(extra_env or {}), **child_identity_env(self.cfg, name)}
+        child = Child(name, args, self.run_dir / "logs" / f"{name}.log", env,
+                      cpus=place.cpus if self.cfg.placement.pin else None)
         self.children.append(child)
-        self._specs[name] = (module, extra, env)
+        self._specs[name] = (module, extra, extra_env)
         return child
 
     def _write_processes(self) -> None:
@@ -165,23 +172,21 @@ class LocalRun:
 
     def start(self) -> None:
         cfg = self.cfg
-        threads = {"OMP_NUM_THREADS": str(cfg.trainer.threads), "MKL_NUM_THREADS": str(cfg.trainer.threads)}
+        print("rlfleet: cores (placement): " + ", ".join(
+            f"{name} cpus {','.join(map(str, p.cpus))} x{p.threads} threads" for name, p in self.placement.items()),
+            file=sys.stderr)
         self._start("buffer", "services.buffer", [])
         self._start("weight_sync", "services.weight_sync", [])
         self._wait([cfg.endpoints.buffer, cfg.endpoints.weight_sync], 60)
         host, _, port = cfg.endpoints.rendezvous.rpartition(":")
         for rank in range(cfg.trainer.world_size):
             self._start(f"trainer-{rank}", "services.trainer", [], {
-                **threads, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.trainer.world_size),
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.trainer.world_size),
                 "MASTER_ADDR": host, "MASTER_PORT": port})
         for i in range(cfg.rollout.replicas):
-            self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)], self._replica_env())
+            self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)])
         self._write_processes()
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
-
-    def _replica_env(self) -> dict[str, str]:
-        threads = str(self.cfg.trainer.threads)
-        return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
     # -- scaling rollout mid-run (rlfleet/scaling.py) ----------------------------------------------------------------
 
@@ -195,7 +200,7 @@ class LocalRun:
             index, self.next_replica = self.next_replica, self.next_replica + 1
             port = free_ports(1)[0]
             self._start(f"rollout-{index}", "services.rollout",
-                        ["--replica-index", str(index), "--listen", f"127.0.0.1:{port}"], self._replica_env())
+                        ["--replica-index", str(index), "--listen", f"127.0.0.1:{port}"])
             log.info("scale: started rollout-%d on port %d", index, port)
         for name in running[desired:][::-1] if desired < len(running) else []:
             child = next(c for c in self.children if c.name == name)

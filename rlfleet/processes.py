@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -28,16 +29,25 @@ def _child_setup() -> None:
     die_with_parent()
 
 
+def _pinned_child_setup(cpus: tuple[int, ...]) -> None:
+    """`_child_setup`, then pin the child to `cpus` before exec: every thread it ever starts inherits them."""
+    _child_setup()
+    os.sched_setaffinity(0, cpus)
+
+
 class Child:
     """One service process with its log file."""
 
-    def __init__(self, name: str, args: Sequence[str], log_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, args: Sequence[str], log_path: Path, env: dict[str, str],
+                 cpus: Sequence[int] | None = None) -> None:
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, *args], stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, preexec_fn=_child_setup)
+                                     stdin=subprocess.DEVNULL, env=env,
+                                     preexec_fn=_child_setup if cpus is None else
+                                     functools.partial(_pinned_child_setup, tuple(cpus)))
 
     @property
     def returncode(self) -> int | None:

@@ -19,6 +19,7 @@ import grpc
 import torch
 
 from rlfleet.security.signing import SignatureError, Verifier, verify_weights
+from rlfleet.tied import TIED_OPTION, tied_aliases, with_aliases
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.rollout.engines.base import Engine
 from services.weight_sync.transports.contract import Fetch, Receiver, ReceiverSetup, WeightHolder
@@ -38,6 +39,12 @@ def default_receivers(transport: str) -> Fetch:
 
 class WeightMismatchError(RuntimeError):
     """Received tensors or the engine's holdings do not match the manifest."""
+
+
+def engine_ties(engine: Engine) -> dict[str, str] | None:
+    """The engine's own tied aliases when it can tell (the torch engine holds an nn.Module), else None."""
+    model = getattr(engine, "model", None)
+    return tied_aliases(model) if isinstance(model, torch.nn.Module) else None
 
 
 def held_digest(engine: Engine, names: list[str]) -> str:
@@ -124,7 +131,8 @@ class WeightUpdater:
             self._load(merger.merged(tensors, manifest.options), manifest.version)
             self.digest = merger.record(tensors)
             return sum(int(t.numel() * t.element_size()) for _, t in tensors)
-        self._load(tensors, manifest.version)
+        self._load(with_aliases(tensors, manifest.options.get(TIED_OPTION, ""), engine_ties(self.engine)),
+                   manifest.version)
         digest = held_digest(self.engine, names)
         if digest != manifest.digest:
             raise WeightMismatchError(f"engine digest {digest} != manifest digest {manifest.digest} after loading")

@@ -82,8 +82,10 @@ class WeightPublisher:
             delta_root=_delta_root(cfg), delta_encoding=ws.delta_encoding, rebase_every=ws.rebase_every))
 
     def publish(self, version: int, step: int, state: dict[str, torch.Tensor] | ShardedState,
-                adapter: dict[str, str] | None = None) -> weights_pb2.WeightManifest:
+                adapter: dict[str, str] | None = None,
+                options: dict[str, str] | None = None) -> weights_pb2.WeightManifest:
         """Stage `state` (name -> full tensor in model order, or a ShardedState) as `version` and announce it.
+        `options` go into the manifest as they are (e.g. the tied aliases, rlfleet/tied.py).
 
         With a ShardedState every other trainer rank must run `follow_publish` at the same time.
         """
@@ -92,6 +94,8 @@ class WeightPublisher:
         if not manifest.endpoint:
             manifest.endpoint = self.endpoint
         manifest.epoch = self.epoch
+        if options:
+            manifest.options.update(options)
         if adapter:                          # LoRA: `state` holds adapter tensors only (rank, alpha, targets)
             manifest.adapter_only = True
             manifest.options.update(adapter)

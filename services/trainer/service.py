@@ -99,7 +99,8 @@ class Trainer:
         self.cfg, self.token, self.rank, self.world_size = cfg, token, rank, world_size
         self.listen, self.metrics_port = listen, metrics_port
         self.run_dir = cfg.run_dir
-        torch.set_num_threads(cfg.trainer.threads)
+        if cfg.trainer.threads is not None:        # else OMP_NUM_THREADS: the launcher's placement (issue 15)
+            torch.set_num_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.run.seed + rank)
         self.device = trainer_device(cfg.trainer.device, rank)
         self.hooks = load_hooks(cfg.trainer.hooks)
@@ -108,7 +109,7 @@ class Trainer:
         self.ctx = StepContext(advantage_fn=advantage_fn, loss_fn=loss_fn, hooks=self.hooks,
                                temperature=cfg.rollout.sampling.temperature, minibatches=t.minibatches,
                                grad_clip=t.grad_clip, world_size=world_size, device=self.device,
-                               entropy_grad=t.policy_loss.entropy_coef > 0)
+                               entropy_grad=t.policy_loss.entropy_coef > 0, single_pass=cfg.perf.single_pass)
         self.leader: Leader | None = None
         self.version = 0
         self.committed = -1
@@ -165,7 +166,8 @@ class Trainer:
         needs whole tensors) is gathered on rank 0, which publishes it."""
         state = backend.publish_state()
         if self.leader:
-            self.leader.publisher.publish(version, step, state, adapter=backend.adapter_options)
+            self.leader.publisher.publish(version, step, state, adapter=backend.adapter_options,
+                                          options=backend.publish_options())
             self.leader.prom.weight_version.set(version)
             self.leader.state.update(weight_version=version)
         elif isinstance(state, ShardedState):

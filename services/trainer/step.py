@@ -48,6 +48,8 @@ class StepContext:
     teacher: Any | None = None                      # FrozenScorer: batch.teacher_logprobs (distillation)
     critic: Any | None = None                       # Critic: batch.values, trained per minibatch (PPO)
     entropy_grad: bool = False                      # the loss's entropy bonus needs the forward's entropy graph
+    # one optimizer step per batch (minibatches 1): old logprobs = the training forward's, detached (one pass)
+    single_pass: bool = True
 
 
 def _select_rows(batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:
@@ -69,12 +71,25 @@ def effective_sample_size(metrics: dict[str, float]) -> float | None:
     return mean * mean / sq
 
 
-def prepare_batch(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -> torch.Tensor:
-    """Fill old / reference / teacher logprobs and critic values; return advantages [S, T]. Collective."""
+def uses_single_pass(ctx: StepContext) -> bool:
+    """True when the batch feeds exactly one optimizer step, so the policy that computed old logprobs is the one
+    being trained: old == current, and the no-grad forward would only repeat the training forward. A hook that
+    must see old logprobs before the training forward says so with `needs_old_logprobs = True`."""
+    return ctx.single_pass and ctx.minibatches == 1 and \
+        not any(getattr(h, "needs_old_logprobs", False) for h in ctx.hooks)
+
+
+def prepare_batch(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext,
+                  old_logprobs: bool = True) -> torch.Tensor | None:
+    """Fill old / reference / teacher logprobs and critic values; return advantages [S, T]. Collective.
+
+    old_logprobs False (single pass): leave batch.old_logprobs unset and return None; the caller fills them from
+    the training forward and then computes the advantages (some estimators, e.g. distill, read them)."""
     call_hooks(ctx.hooks, "before_logprobs", batch)
     model.train()
-    with torch.no_grad():
-        batch.old_logprobs = _logprobs(model, batch, ctx)                                  # [S, T]
+    if old_logprobs:
+        with torch.no_grad():
+            batch.old_logprobs = _logprobs(model, batch, ctx)                              # [S, T]
     if ctx.reference is not None:
         batch.ref_logprobs = ctx.reference(batch, ctx.temperature)                         # [S, T]
     if ctx.teacher is not None:
@@ -82,6 +97,8 @@ def prepare_batch(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -
     if ctx.critic is not None:
         batch.values = ctx.critic.values(batch)                                            # [S, T]
     batch.extras[ALL_REDUCE_SUM] = partial(all_reduce_sum, device=ctx.device)
+    if not old_logprobs:
+        return None
     return ctx.advantage_fn(batch).to(torch.float32)                                       # [S, T]
 
 
@@ -97,17 +114,24 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
     batch = build_train_batch(samples, ctx.pad_id, routes=ctx.routing_replay is not None)
     batch = batch_to(batch, ctx.device)
     batch.extras[ENTROPY_GRAD] = ctx.entropy_grad
-    advantages = prepare_batch(model, batch, ctx)                                          # [S, T]
+    one_pass = uses_single_pass(ctx)
+    advantages = prepare_batch(model, batch, ctx, old_logprobs=not one_pass)               # [S, T] or None
     bounds = row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
     totals: dict[str, float] = {}
     for lo, hi in bounds:
-        rows = torch.arange(lo, hi, device=ctx.device)
-        mb, mb_adv = _select_rows(batch, rows, advantages)
+        if one_pass:                     # the whole batch is the minibatch
+            mb = batch
+        else:
+            assert advantages is not None
+            mb, mb_adv = _select_rows(batch, torch.arange(lo, hi, device=ctx.device), advantages)
         counts = all_reduce_sum([float(mb.response_mask.sum()), float(hi - lo),
                                  float((mb.response_mask.sum(1) > 0).sum())], ctx.device)
         token_count = counts[0]
         mb.extras[ROW_COUNT], mb.extras[SEQ_COUNT] = counts[1], counts[2]
         logprobs = _logprobs(model, mb, ctx)                                               # [S', T]
+        if one_pass:
+            mb.old_logprobs = logprobs.detach()                                            # [S, T]
+            mb_adv = ctx.advantage_fn(mb).to(torch.float32)                                # [S, T]
         out = ctx.loss_fn(logprobs, mb_adv, mb, token_count)
         # FSDP averages gradients over ranks; the loss is already this rank's share of the global mean.
         (out.loss * ctx.world_size).backward()

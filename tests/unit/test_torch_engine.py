@@ -163,3 +163,20 @@ def test_abort_resolves_in_flight_requests(engine: TorchEngine) -> None:
     assert engine.abort_in_flight() == 2
     assert [f.result(timeout=5).finish_reason for f in futures] == ["abort", "abort"]
     engine.resume()
+
+
+def test_fast_decode_matches_the_hf_decode_path(model_dir: Path) -> None:
+    """The lean Llama decode step (fast_decode.py) gives the HF modules' ids and logprobs, batch joins included."""
+    fast, plain = TorchEngine(model_dir, max_batch_size=3), TorchEngine(model_dir, max_batch_size=3, fast_decode=False)
+    try:
+        assert fast._fast is not None and plain._fast is None
+        for sampling in (SamplingParams(temperature=0, max_new_tokens=6),
+                         SamplingParams(temperature=1.0, max_new_tokens=6, seed=11)):
+            outs = [[e.submit(p, staggered(sampling, i)) for i, p in enumerate(PROMPTS)] for e in (fast, plain)]
+            for a, b in zip(*outs, strict=True):
+                ga, gb = a.result(timeout=60), b.result(timeout=60)
+                assert ga.output_ids == gb.output_ids
+                assert torch.allclose(torch.tensor(ga.logprobs), torch.tensor(gb.logprobs), atol=1e-5, rtol=0)
+    finally:
+        fast.shutdown()
+        plain.shutdown()

@@ -11,7 +11,8 @@ def make_engine(cfg: Config) -> Engine:
         from services.rollout.engines.torch_engine import TorchEngine
 
         return TorchEngine(cfg.model_path, max_batch_size=cfg.rollout.max_batch_size, device=cfg.rollout.device,
-                           dtype=cfg.model.dtype, seed=cfg.run.seed, on_policy=cfg.trainer.on_policy)
+                           dtype=cfg.model.dtype, seed=cfg.run.seed, on_policy=cfg.trainer.on_policy,
+                           fast_decode=cfg.perf.engine_fast_decode, compile=cfg.perf.engine_compile)
     if cfg.rollout.engine == "sglang":
         from services.rollout.engines.sglang.factory import engine_from_config
 

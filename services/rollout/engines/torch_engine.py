@@ -27,6 +27,7 @@ from rlfleet.batch_invariant import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
 from services.rollout.engines import kv_cache
 from services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
+from services.rollout.engines.fast_decode import FastDecoder, supports
 from services.rollout.engines.moe_routes import RouteRecorder
 from services.rollout.engines.sampling import RowSampling, choose_tokens
 from services.rollout.engines.weights import check_update, load_safetensors_folder
@@ -64,10 +65,13 @@ class TorchEngine:
 
     def __init__(self, model_path: str | Path, max_batch_size: int = 64, device: str = "cpu",
                  dtype: str | None = None, seed: int = 0, eos_token_ids: Iterable[int] | None = None,
-                 weight_version: int = 0, on_policy: bool = False) -> None:
+                 weight_version: int = 0, on_policy: bool = False, fast_decode: bool = True,
+                 compile: bool = False) -> None:
         """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config.
         on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
-        rlfleet.batch_invariant, so the logprobs equal the trainer's recomputation bitwise (no compiled decode)."""
+        rlfleet.batch_invariant, so the logprobs equal the trainer's recomputation bitwise (no fast or compiled
+        decode). fast_decode: Llama-family models decode through `fast_decode.FastDecoder` (same math, less
+        overhead); compile: torch.compile its layer step (off by default; an uncompiled engine never compiles)."""
         self.on_policy = on_policy
         try:
             self.model = AutoModelForCausalLM.from_pretrained(
@@ -81,6 +85,8 @@ class TorchEngine:
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
         self._routes = RouteRecorder.attach(self.model)        # MoE models: record routes for R3, else None
+        self._fast = FastDecoder(self.model, compile=compile) \
+            if fast_decode and not on_policy and self._routes is None and supports(self.model) else None
         self._seeds = torch.Generator().manual_seed(seed)       # seeds requests that bring none
         self._version = weight_version
         self._waiting: deque[_Request] = deque()
@@ -288,6 +294,11 @@ class TorchEngine:
     def _decode(self) -> None:
         b = len(self._running)
         self._mask = torch.cat([self._mask, self._mask.new_ones(b, 1)], dim=1)  # [B, L+1]
+        if self._fast is not None:
+            logits = self._fast.decode(self._cache, self._last, self._pos, self._mask)   # [B, V]
+            self._pos = self._pos + 1
+            self._accept(logits, first=0)
+            return
         out = self.model(input_ids=self._last.unsqueeze(1), attention_mask=self._mask,
                          position_ids=self._pos.unsqueeze(1), cache=self._cache, use_cache=True)
         self._cache = out.cache

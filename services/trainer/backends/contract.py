@@ -38,6 +38,10 @@ class TrainerBackend(Protocol):
         stages it, so no rank holds the whole model) or, on rank 0, the full state dict."""
         ...
 
+    def publish_options(self) -> dict[str, str]:
+        """More manifest options of a publish (e.g. the tied aliases left out because their source is sent)."""
+        ...
+
     @property
     def adapter_options(self) -> dict[str, str] | None:
         """LoRA: the manifest options of an adapter-only publish (None: full weights)."""

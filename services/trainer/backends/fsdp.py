@@ -28,6 +28,7 @@ from rlfleet.batch_invariant import invariant_call, load_kwargs
 from rlfleet.config import Config
 from rlfleet.dtypes import DTYPES
 from rlfleet.sample import Sample
+from rlfleet.tied import TIED_OPTION, encode_aliases, tied_aliases
 from services.trainer import checkpoint
 from services.trainer.algorithms import needs_critic, needs_teacher
 from services.trainer.aux_models import FrozenScorer
@@ -204,13 +205,19 @@ class FsdpBackend:
     def sharded_state(self) -> ShardedState:
         """What a publish sends, gathered one parameter at a time as a sender reaches it (iterate on every rank
         together): the same names, dtypes and values as full_state_dict(), without the whole model on rank 0."""
-        names = None
-        if self.cfg.trainer.lora.rank:
-            names = [k for k in self.model.state_dict() if is_adapter(k)]
+        aliases = tied_aliases(self.model)                 # tied weights are sent once (rlfleet/tied.py)
+        names = [k for k in self.model.state_dict() if k not in aliases and
+                 (not self.cfg.trainer.lora.rank or is_adapter(k))]
         return ShardedState(self.model, self.publish_dtype, names)
 
     def publish_state(self) -> ShardedState:
         return self.sharded_state()
+
+    def publish_options(self) -> dict[str, str]:
+        """Manifest options of a publish: the tied aliases not sent (their source tensor is)."""
+        aliases = {a: s for a, s in tied_aliases(self.model).items()
+                   if not self.cfg.trainer.lora.rank or is_adapter(a)}
+        return {TIED_OPTION: encode_aliases(aliases)} if aliases else {}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective. Rank 0 gets every tensor (CPU, publish dtype) -- with LoRA only the adapters; others get {}."""
@@ -219,7 +226,9 @@ class FsdpBackend:
             return {}
         if self.cfg.trainer.lora.rank:
             sd = {k: v for k, v in sd.items() if is_adapter(k)}
-        return {k: (v.to(self.publish_dtype) if v.is_floating_point() else v) for k, v in sd.items()}
+        aliases = tied_aliases(self.model)
+        return {k: (v.to(self.publish_dtype) if v.is_floating_point() else v) for k, v in sd.items()
+                if k not in aliases}
 
 
 def compute_dtype(precision: str, device: torch.device) -> torch.dtype:

@@ -175,6 +175,10 @@ class MegatronBackend:
         """Collective: the full state dict (the HF conversion needs whole tensors), on rank 0."""
         return self.full_state_dict()
 
+    def publish_options(self) -> dict[str, str]:
+        """The full HF state dict is sent, tied names included: nothing to add."""
+        return {}
+
     @property
     def adapter_options(self) -> None:
         """No LoRA on this backend (unsupported() refuses trainer.lora)."""
