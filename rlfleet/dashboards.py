@@ -45,7 +45,8 @@ class WandbSink:
     def __init__(self, run_dir: Path, mode: str, project: str, name: str, config: dict[str, Any]) -> None:
         import wandb
 
-        self.run = wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, config=config,
+        self.run = wandb.init(project=project, name=name, dir=str(run_dir), mode=mode,  # type: ignore[arg-type]
+                              config=config,
                               settings=wandb.Settings(console="off", silent=True))
 
     def log(self, values: dict[str, float], step: int) -> None:

@@ -159,6 +159,7 @@ class FileDataSource:
         system = ({"role": "system", "content": cfg.system_prompt},) if cfg.system_prompt else ()
         if cfg.messages_field:
             return Prompt(index=index, messages=system + tuple(row[cfg.messages_field]), label=label, extras=extras)
+        assert cfg.prompt_field is not None       # DataConfig holds exactly one of prompt_field, messages_field
         text = row[cfg.prompt_field]
         if cfg.chat:
             return Prompt(index=index, messages=system + ({"role": "user", "content": text},), label=label,

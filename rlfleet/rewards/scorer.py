@@ -87,8 +87,8 @@ class Scorer:
         if not done.wait(self.timeout):
             raise RewardFailure(f"{self.name} timed out after {self.timeout:g}s")
         if "error" in box:
-            exc = box["error"]
-            raise RewardFailure(f"{self.name} raised {type(exc).__name__}: {exc}")
+            error = box["error"]
+            raise RewardFailure(f"{self.name} raised {type(error).__name__}: {error}")
         return box["value"]
 
     @staticmethod

@@ -15,6 +15,7 @@ from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
 from rlfleet.rpc import Server
 from rlfleet.sample_limits import model_limits
+from rlfleet.security.identity import Credential
 from rlfleet.security.scrub import redis_url_with_credentials
 from rlfleet.service_main import listen_address, parse_service_args, serve_until, stop_on_signals
 from services.buffer.core import BufferCore
@@ -48,7 +49,7 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
             time.sleep(1.0)
 
 
-def start_server(core: BufferCore, bind: str, token: str | None) -> Server:
+def start_server(core: BufferCore, bind: str, token: Credential) -> Server:
     server = Server(bind, token, max_workers=64,     # Claim/Put/GetBatch may each hold a worker while waiting
                     max_receive_bytes=2 * core.settings.max_sample_bytes)   # a Put of the largest sample, and more
     server.add(add_to_server, BufferService(core), SERVICE_NAME)

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlfleet.config import Config
 from rlfleet.rpc import channel
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from services.controller.progress import TrainerProgress
 
@@ -31,7 +32,7 @@ def rank_last_step(ip: str | None, port: int = 9400, timeout: float = 3.0) -> fl
 
 
 class GrpcProgress:
-    def __init__(self, cfg: Config, token: str | None, timeout: float = 5.0) -> None:
+    def __init__(self, cfg: Config, token: Credential, timeout: float = 5.0) -> None:
         self.cfg = cfg
         self.token = token
         self.timeout = timeout

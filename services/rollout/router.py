@@ -20,6 +20,7 @@ import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.rpc import channel
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def rendezvous(session_id: str, endpoints: Sequence[str]) -> list[str]:
 class ReplicaRouter:
     """Thread-safe. health(endpoint) -> bool may be injected (tests); the default asks grpc.health.v1."""
 
-    def __init__(self, endpoints: Sequence[str], token: str | None = None, check_interval: float = 2.0,
+    def __init__(self, endpoints: Sequence[str], token: Credential = None, check_interval: float = 2.0,
                  health: Callable[[str], bool] | None = None) -> None:
         if not endpoints:
             raise ValueError("a router needs at least one replica endpoint")

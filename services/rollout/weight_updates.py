@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import torch
 
+from rlfleet.security.identity import Credential
 from rlfleet.security.signing import SignatureError, Verifier, verify_weights
 from rlfleet.tied import TIED_OPTION, tied_aliases, with_aliases
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
@@ -59,7 +60,7 @@ PAUSE_MODES = ("in_place", "retract")
 
 
 class WeightUpdater:
-    def __init__(self, engine: Engine, replica_id: str, token: str | None, timeout: float,
+    def __init__(self, engine: Engine, replica_id: str, token: Credential, timeout: float,
                  receivers: Receivers = default_receivers,
                  ack: Callable[[weights_pb2.UpdateResult], None] | None = None, pause_mode: str = "in_place",
                  verifier: Verifier | None = None) -> None:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 
 from rlfleet.rpc import DEFAULT_DEADLINE, channel
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
@@ -53,7 +54,7 @@ def call(what: str, address: str, fn: Callable[..., T], request: Any, timeout: f
 
 
 class BufferClient:
-    def __init__(self, address: str, token: str | None, consumer: str = "trainer") -> None:
+    def __init__(self, address: str, token: Credential, consumer: str = "trainer") -> None:
         self.address, self.consumer = address, consumer
         self._channel = channel(address, token)
         self._stub = buffer_pb2_grpc.BufferStub(self._channel)
@@ -80,7 +81,7 @@ class BufferClient:
 
 
 class WeightSyncClient:
-    def __init__(self, address: str, token: str | None) -> None:
+    def __init__(self, address: str, token: Credential) -> None:
         self.address = address
         self._channel = channel(address, token)
         self._stub = weight_sync_pb2_grpc.WeightSyncStub(self._channel)
@@ -97,7 +98,7 @@ class WeightSyncClient:
 
 
 class RolloutClient:
-    def __init__(self, address: str, token: str | None) -> None:
+    def __init__(self, address: str, token: Credential) -> None:
         self.address = address
         self._channel = channel(address, token)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)

@@ -13,6 +13,7 @@ from rlfleet.packed_arrays import pack_i32, unpack_f32, unpack_i32
 from rlfleet.protocols import Prompt
 from rlfleet.rewards.scorer import load_scorer
 from rlfleet.sample import Sample, Status
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import rollout_pb2
 from services.trainer.clients import PeerError, RolloutClient
 
@@ -36,7 +37,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
 class Evaluator:
     """Rank 0 only. Loads the eval prompts once; `run(version)` returns eval/* metrics."""
 
-    def __init__(self, cfg: Config, token: str | None) -> None:
+    def __init__(self, cfg: Config, token: Credential) -> None:
         from transformers import AutoTokenizer
 
         ev = cfg.eval

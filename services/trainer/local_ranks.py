@@ -49,7 +49,7 @@ def run_local_ranks(placements: Sequence[RankPlacement], command: Callable[[Rank
     try:
         while True:
             codes = {rank: proc.poll() for rank, proc in procs.items()}
-            failed = {rank: c for rank, c in codes.items() if c not in (None, 0)}
+            failed = {rank: c for rank, c in codes.items() if c is not None and c != 0}
             if failed:
                 rank, code = min(failed.items())
                 log.error("trainer rank %d exited with %s: stopping the other ranks of this pod", rank, code)

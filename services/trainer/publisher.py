@@ -18,6 +18,7 @@ import torch
 
 from rlfleet.config import Config
 from rlfleet.rpc import channel
+from rlfleet.security.identity import Credential
 from rlfleet.security.signing import HashingTee, Signer, sign_manifest
 from rlfleet.v1 import weights_pb2
 from services.trainer.clients import WeightSyncClient
@@ -60,7 +61,7 @@ def resolve_transport(cfg: Config, model_bytes: int) -> str:
 class WeightPublisher:
     """Rank 0 only. Holds the data-plane sender (bucketed and broadcast serve gRPC on endpoints.trainer_data)."""
 
-    def __init__(self, cfg: Config, token: str | None, weight_sync: WeightSyncClient, model_bytes: int = 0,
+    def __init__(self, cfg: Config, token: Credential, weight_sync: WeightSyncClient, model_bytes: int = 0,
                  device: torch.device | str = "cpu", world: int = 1) -> None:
         ws = cfg.weight_sync
         self.weight_sync = weight_sync

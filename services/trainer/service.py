@@ -20,6 +20,7 @@ from rlfleet.dashboards import MetricsLog
 from rlfleet.metrics import TrainerMetrics, serve_metrics
 from rlfleet.plugins import load_hooks
 from rlfleet.rpc import Server, wait_healthy
+from rlfleet.security.identity import Credential
 from rlfleet.security.signing import Signer, weight_verifier
 from rlfleet.service_main import listen_address
 from rlfleet.v1 import buffer_pb2, trainer_pb2_grpc
@@ -93,7 +94,7 @@ class Leader:
 class Trainer:
     """One rank of the trainer. `run()` trains to trainer.steps and returns the summary (rank 0)."""
 
-    def __init__(self, cfg: Config, token: str | None, rank: int, world_size: int, listen: str | None = None,
+    def __init__(self, cfg: Config, token: Credential, rank: int, world_size: int, listen: str | None = None,
                  metrics_port: int = 0) -> None:
         validate(cfg, world_size)
         self.cfg, self.token, self.rank, self.world_size = cfg, token, rank, world_size

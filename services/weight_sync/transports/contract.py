@@ -17,12 +17,13 @@ from typing import Protocol
 import grpc
 import torch
 
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import weights_pb2
 from services.weight_sync.transports.sharded import ShardedState
 
 Named = Iterable[tuple[str, torch.Tensor]] | ShardedState
 # fetch(manifest, token, timeout, replica_id) -> [(name, tensor)] in manifest order; raises WeightTransferError
-Fetch = Callable[[weights_pb2.WeightManifest, str | None, float, str], list[tuple[str, torch.Tensor]]]
+Fetch = Callable[[weights_pb2.WeightManifest, Credential, float, str], list[tuple[str, torch.Tensor]]]
 
 
 class Sender(Protocol):
@@ -36,7 +37,7 @@ class Sender(Protocol):
 class Receiver(Protocol):
     """Replica side. fetch() returns [(name, tensor)] in manifest order, or raises WeightTransferError."""
 
-    def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+    def fetch(self, manifest: weights_pb2.WeightManifest, token: Credential, timeout: float,
               replica_id: str = "") -> list[tuple[str, torch.Tensor]]: ...
 
     def close(self) -> None: ...
@@ -56,7 +57,7 @@ class SenderSetup:
     """Everything a sender factory may use (from the trainer's config and process)."""
 
     endpoint: str                    # endpoints.trainer_data: where gRPC-served transports listen
-    token: str | None
+    token: Credential
     bucket_bytes: int
     chunk_bytes: int
     control: grpc.Channel | None     # the WeightSync control plane (peer directory)

@@ -34,10 +34,11 @@ def _read_key(path: str) -> str:
 
 def engine_from_config(cfg: Config) -> SGLangEngine:
     sg = cfg.rollout.sglang
-    options = {"weight_path": sg.weights, "verify": sg.verify, "max_concurrency": cfg.rollout.max_batch_size}
     url = os.environ.get("RLFLEET_SGLANG_URL", sg.url)
     if url:
-        return SGLangEngine(SGLangClient(url, api_key=_read_key(sg.api_key_file)), cfg.model_path, **options)
+        client = SGLangClient(url, api_key=_read_key(sg.api_key_file))
+        return SGLangEngine(client, cfg.model_path, weight_path=sg.weights, verify=sg.verify,
+                            max_concurrency=cfg.rollout.max_batch_size)
     extra = os.environ.get("RLFLEET_SGLANG_PYTHONPATH")
     pythonpath = extra.split(os.pathsep) if extra is not None else sg.pythonpath
     spec = SGLangServerSpec(model_path=cfg.model_path, python=Path(os.environ.get("RLFLEET_SGLANG_PYTHON", sg.python)),
@@ -50,4 +51,5 @@ def engine_from_config(cfg: Config) -> SGLangEngine:
     log_dir = cfg.run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     server = SGLangServer(spec, log_path=log_dir / f"sglang-{os.getpid()}.log").start()
-    return SGLangEngine(server.client(), cfg.model_path, server=server, **options)
+    return SGLangEngine(server.client(), cfg.model_path, server=server, weight_path=sg.weights, verify=sg.verify,
+                        max_concurrency=cfg.rollout.max_batch_size)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
 from services.weight_sync.transports.broadcast.group import (
     PEER_ID,
@@ -128,7 +129,7 @@ class BroadcastReceiver:
             self._cond.wait_for(lambda: self.member or bool(self.dead), timeout)
             return self.member
 
-    def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+    def fetch(self, manifest: weights_pb2.WeightManifest, token: Credential, timeout: float,
               replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
         """The version's tensors, checked against the manifest; WeightTransferError if it did not arrive whole."""
         version = manifest.version

@@ -10,6 +10,7 @@ import torch
 
 from rlfleet.dtypes import DTYPES
 from rlfleet.rpc import channel
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.weight_sync.transports.errors import WeightTransferError
 from services.weight_sync.transports.layout import Layout, checked_layout
@@ -101,7 +102,7 @@ def receive(manifest: weights_pb2.WeightManifest, layout: Layout,
     return unpack(manifest, layout, flat)
 
 
-def fetch(manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+def fetch(manifest: weights_pb2.WeightManifest, token: Credential, timeout: float,
           replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
     """Fetch version `manifest.version` from `manifest.endpoint` and return (name, tensor) in manifest order.
 
@@ -120,7 +121,7 @@ def fetch(manifest: weights_pb2.WeightManifest, token: str | None, timeout: floa
 class StreamReceiver:
     """The bucketed transport's Receiver: stateless, each fetch streams the version from the manifest's endpoint."""
 
-    def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+    def fetch(self, manifest: weights_pb2.WeightManifest, token: Credential, timeout: float,
               replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
         return fetch(manifest, token, timeout, replica_id)
 

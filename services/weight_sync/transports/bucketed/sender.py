@@ -16,6 +16,7 @@ import torch
 
 from rlfleet.dtypes import DTYPES, dtype_name
 from rlfleet.rpc import MAX_MESSAGE_BYTES, Server
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.weight_sync.transports.layout import ALIGN, Layout, TensorSpec, aligned_bucket_bytes, plan
 from services.weight_sync.transports.manifest import buffer_xxh64, manifest_digest
@@ -163,7 +164,7 @@ class BucketedSender:
     machine's hostname).
     """
 
-    def __init__(self, bind: str, token: str | None, bucket_bytes: int, chunk_bytes: int = 1 << 20,
+    def __init__(self, bind: str, token: Credential, bucket_bytes: int, chunk_bytes: int = 1 << 20,
                  keep_versions: int = 2) -> None:
         if not 0 < chunk_bytes <= _CHUNK_LIMIT:
             raise ValueError(f"chunk_bytes must be in (0, {_CHUNK_LIMIT}], got {chunk_bytes}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import weights_pb2
 from services.weight_sync.transports.disk_delta.codec import apply
 from services.weight_sync.transports.disk_delta.files import Index, read_index, read_parts
@@ -63,7 +64,7 @@ class DeltaReceiver:
         self._holdings = holdings
         self._last: tuple[int, dict[str, torch.Tensor]] | None = None
 
-    def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+    def fetch(self, manifest: weights_pb2.WeightManifest, token: Credential, timeout: float,
               replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
         version = manifest.version
         if manifest.transport != TRANSPORT:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from rlfleet.security.identity import Credential
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
 from services.weight_sync.transports.bucketed.receiver import unpack
 from services.weight_sync.transports.errors import WeightTransferError
@@ -54,7 +55,7 @@ class NixlReceiver:
                 return True
             return False
 
-    def fetch(self, manifest: weights_pb2.WeightManifest, token: str | None, timeout: float,
+    def fetch(self, manifest: weights_pb2.WeightManifest, token: Credential, timeout: float,
               replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
         version = manifest.version
         layout = checked_layout(manifest, TRANSPORT)
