@@ -160,10 +160,13 @@ def test_a_sample_over_the_size_limit_is_refused(tmp_path: Path) -> None:
     try:
         stub = buffer_pb2_grpc.BufferStub(channel(f"127.0.0.1:{server.port}", TOKEN))
         gid = stub.Claim(buffer_pb2.ClaimRequest(replica_id="r", max_groups=1), timeout=10).tickets[0].group_id
-        with pytest.raises(grpc.RpcError) as err:
-            stub.Put(buffer_pb2.PutRequest(samples=[make_sample(gid, 0, 2, tokens=1000)]), timeout=10)
+        with pytest.raises(grpc.RpcError) as err:        # ~2.7 KB: past the sample limit, within the receive limit
+            stub.Put(buffer_pb2.PutRequest(samples=[make_sample(gid, 0, 2, tokens=300)]), timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "over the limit of 2048" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:        # ~9 KB: past 2x the sample limit, refused before it is read
+            stub.Put(buffer_pb2.PutRequest(samples=[make_sample(gid, 0, 2, tokens=1000)]), timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert stub.Stats(buffer_pb2.StatsRequest(), timeout=10).put_samples == 0
     finally:
         server.stop()

@@ -54,6 +54,7 @@ def make_untied_model(path: Path) -> Path:
 
 
 def _worker(rank: int, world: int, port: int, models: dict[str, str], run_dir: str, out: str) -> None:
+    from rlfleet.tied import tied_aliases
     from rlfleet.v1 import buffer_pb2
     from services.trainer.algorithms import resolve
     from services.trainer.backends.fsdp import FsdpBackend
@@ -77,7 +78,8 @@ def _worker(rank: int, world: int, port: int, models: dict[str, str], run_dir: s
                               world_size=world, device=device, pad_id=backend.pad_id)
             data = broadcast_bytes(batch_for(0).SerializeToString() if rank == 0 else None, device)
             backend.train_step(rank_groups(buffer_pb2.Batch.FromString(data), rank, world, 2), 0, ctx)
-            full = backend.full_state_dict()                       # the whole-model gather, rank 0
+            tied = tied_aliases(backend.model)                     # sent once, under their source's name
+            full = {n: t for n, t in backend.full_state_dict().items() if n not in tied}   # the whole-model gather
             state = backend.sharded_state()
             if rank != 0:
                 state.drain()                                      # its half of every per-parameter gather
@@ -129,6 +131,7 @@ def test_sharded_publish_equals_full_state_dict(report: dict[str, Any], variant:
     else:
         assert "model.embed_tokens.weight" in names and len(names) > 10
         assert any(n.endswith("self_attn.q_proj.weight") for n in names)
-    if variant in ("untied", "tied"):                                  # a tied lm_head is published as well
-        same = r["hashes"]["lm_head.weight"] == r["hashes"]["model.embed_tokens.weight"]
-        assert same == (variant == "tied")
+    if variant == "untied":                                            # its own lm_head is published
+        assert r["hashes"]["lm_head.weight"] != r["hashes"]["model.embed_tokens.weight"]
+    if variant == "tied":                                              # a tied lm_head is sent once, as the embedding
+        assert "lm_head.weight" not in r["hashes"] and "model.embed_tokens.weight" in r["hashes"]

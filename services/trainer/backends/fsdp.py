@@ -226,9 +226,7 @@ class FsdpBackend:
             return {}
         if self.cfg.trainer.lora.rank:
             sd = {k: v for k, v in sd.items() if is_adapter(k)}
-        aliases = tied_aliases(self.model)
-        return {k: (v.to(self.publish_dtype) if v.is_floating_point() else v) for k, v in sd.items()
-                if k not in aliases}
+        return {k: (v.to(self.publish_dtype) if v.is_floating_point() else v) for k, v in sd.items()}
 
 
 def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
