@@ -61,16 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"rollout replicas: {len(status.running)} ({', '.join(status.running)})")
         return 0
-    if ns.command == "buffer":
-        from services.buffer.stores.repair import salvage, verify
-
-        try:
-            report = verify(Path(ns.run_dir)) if ns.action == "verify" else salvage(Path(ns.run_dir))
-        except (OSError, RuntimeError) as exc:
-            print(f"rlfleet buffer {ns.action}: {exc}", file=sys.stderr)
-            return 2
-        print(report.text)
-        return 0 if report.ok else 1
+    if ns.command == "buffer":        # the buffer's code reads its own log format, in its own process
+        return subprocess.run([sys.executable, "-m", "services.buffer.stores.repair", ns.action, ns.run_dir],
+                              check=False).returncode
     if ns.command == "convert":       # the trainer's code reads its own checkpoint format, in its own process
         cmd = [sys.executable, "-m", "services.trainer.export", ns.checkpoint, ns.out_dir]
         return subprocess.run(cmd + (["--dtype", ns.dtype] if ns.dtype else []), check=False).returncode

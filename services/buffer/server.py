@@ -10,6 +10,7 @@ import time
 from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
 
+from rlfleet.committed_ids import committed_after
 from rlfleet.config import Config
 from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
@@ -24,7 +25,6 @@ from services.buffer.service import SERVICE, BufferService, add_to_server
 from services.buffer.settings import BufferSettings
 from services.buffer.stores import StoreError
 from services.buffer.stores.factory import open_store
-from services.trainer.committed import committed_after
 
 log = logging.getLogger("buffer")
 SERVICE_NAME = SERVICE

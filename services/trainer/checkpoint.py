@@ -26,8 +26,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rlfleet.atomic import write_bytes_atomic, write_text_atomic
+from rlfleet.committed_ids import committed_ids_name
 from rlfleet.security.safe_unpickle import SafeFileSystemReader, SafeLoadPlanner
-from services.trainer.committed import committed_ids_name
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,10 @@ WEIGHT_TOL = 1e-5
 
 
 def _assert_same_training(reference: dict[str, Any], run: dict[str, Any], world: int) -> None:
+    fsdp_only = {"entropy"}                                    # the Megatron backend reports no entropy (yet)
     for a, b in zip(reference["rank0"]["records"], run["rank0"]["records"], strict=True):
-        assert a.keys() == b.keys()
-        for key in a:
+        assert a.keys() - fsdp_only == b.keys() - fsdp_only
+        for key in a.keys() & b.keys():
             assert b[key] == pytest.approx(a[key], abs=METRIC_TOL), key
     for r in range(1, world):                                  # every rank reports the global metrics
         assert run[f"rank{r}"]["records"] == run["rank0"]["records"]

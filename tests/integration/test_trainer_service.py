@@ -22,6 +22,7 @@ from rlfleet.ports import free_ports
 from rlfleet.protocols import Prompt
 from rlfleet.rpc import Server
 from rlfleet.sample import Sample
+from rlfleet.tied import tied_aliases
 from rlfleet.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
@@ -225,7 +226,9 @@ def test_trainer_process_trains_publishes_checkpoints_acks_and_resumes(tmp_path:
     # publishes: version 0 (initial weights) then one per step; manifests carry what the trainer holds
     publishes = peers.of("publish")
     assert [(e[1], e[2]) for e in publishes] == [(0, 0), (1, 0), (2, 1), (3, 2)]
-    initial = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).state_dict()
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tied = tied_aliases(hf)                            # sent once, under the name of the tensor they alias
+    initial = {k: v for k, v in hf.state_dict().items() if k not in tied}
     v0 = publishes[0][4]
     assert list(v0) == list(initial)
     assert all(torch.equal(v0[k], initial[k]) for k in initial)
@@ -299,7 +302,9 @@ def test_two_rank_trainer_runs_hooks_and_stops_every_rank_when_rank0_fails(tmp_p
     assert [(e[1], e[2]) for e in peers.of("publish")] == [(0, 0), (1, 0), (2, 1)]
     from transformers import AutoModelForCausalLM
 
-    initial = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).state_dict()
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tied = tied_aliases(hf)
+    initial = {k: v for k, v in hf.state_dict().items() if k not in tied}
     v0 = peers.of("publish")[0][4]                     # gathered per parameter from both ranks' shards
     assert list(v0) == list(initial) and all(torch.equal(v0[k], initial[k]) for k in initial)
     assert [(a[1], a[2][-1]) for a in peers.of("ack")] == [(0, "step_00000000"), (1, "step_00000001")]

@@ -17,6 +17,9 @@ out = sys.argv[1]
 env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RLFLEET_RANKS_PER_POD")}
 open(os.path.join(out, "rank%s.json" % env["RANK"]), "w").write(json.dumps(env))
 action = json.loads(sys.argv[2]).get(env["RANK"], "exit0")
+if action != "exit0":           # every sibling has recorded itself before any rank fails or sleeps
+    while len([f for f in os.listdir(out) if f.startswith("rank")]) < int(env["LOCAL_WORLD_SIZE"]):
+        time.sleep(0.01)
 if action == "sleep":
     time.sleep(600)
 sys.exit(int(action[4:]))

@@ -91,3 +91,25 @@ def salvage(run_dir: Path) -> Report:
              *[f"  skipped {s}" for s in skipped],
              f"state now: {_summary(state)}", f"the damaged log is kept as {keep}"]
     return Report("\n".join(lines), True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m services.buffer.stores.repair verify|salvage RUN_DIR (what `rlfleet buffer` runs)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in ("verify", "salvage"):
+        print("usage: python -m services.buffer.stores.repair verify|salvage RUN_DIR", file=sys.stderr)
+        return 2
+    action, run_dir = args
+    try:
+        report = verify(Path(run_dir)) if action == "verify" else salvage(Path(run_dir))
+    except (OSError, RuntimeError) as exc:
+        print(f"rlfleet buffer {action}: {exc}", file=sys.stderr)
+        return 2
+    print(report.text)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -32,7 +32,7 @@ from rlfleet.tied import TIED_OPTION, encode_aliases, tied_aliases
 from services.trainer import checkpoint
 from services.trainer.algorithms import needs_critic, needs_teacher
 from services.trainer.aux_models import FrozenScorer
-from services.trainer.backends.shard_loading import build_meta_model, load_shards
+from services.trainer.backends.shard_loading import build_meta_model, files_name_every_parameter, load_shards
 from services.trainer.batch import forward_logprobs
 from services.trainer.critic import Critic
 from services.trainer.hooks import call_hooks
@@ -102,10 +102,12 @@ class FsdpBackend:
         self.publish_dtype = DTYPES[cfg.model.dtype]
         # Meta-device build + per-rank shard reads (backends/shard_loading.py) unless the model must exist whole
         # before sharding: LoRA adapters are initialised on it, and after_model_init hooks see it.
-        self.loaded_by_shards = not t.lora.rank and not hooks
-        if self.loaded_by_shards:
+        self.loaded_by_shards = False
+        if not t.lora.rank and not hooks:
             model = build_meta_model(cfg.model_path, **load_kwargs(t.on_policy))
-        else:
+            # a checkpoint whose names transformers converts at load (fused MoE experts) loads whole instead
+            self.loaded_by_shards = files_name_every_parameter(model, cfg.model_path)
+        if not self.loaded_by_shards:
             model = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32,
                                                          **load_kwargs(t.on_policy))
             model.to(device)

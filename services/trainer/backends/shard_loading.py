@@ -38,6 +38,16 @@ def weight_files(model_path: Path) -> dict[str, Path]:
     return out
 
 
+def files_name_every_parameter(model: torch.nn.Module, model_path: Path) -> bool:
+    """Whether the checkpoint stores each parameter under the module's own name. Not so where transformers
+    converts at load time (e.g. per-expert MoE weights fused into one tensor): those load whole, by from_pretrained."""
+    try:
+        names = set(weight_files(model_path))
+    except ShardLoadError:
+        return False
+    return all(n in names for n, _ in model.named_parameters())
+
+
 def _row_range(n: int, rank: int, world: int) -> tuple[int, int]:
     chunk = math.ceil(n / world) if n else 0
     return min(rank * chunk, n), min((rank + 1) * chunk, n)
