@@ -186,7 +186,7 @@ def test_a_flipped_bit_mid_log_is_refused_with_file_and_offset(tmp_path: Path) -
     assert (tmp_path / LOG_NAME).stat().st_size == size        # nothing cut
 
 
-def test_verify_and_salvage_recover_the_intact_commits(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_verify_and_salvage_recover_the_intact_commits(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "run"
     core = open_core(run_dir / "buffer")
     fill_ready(core, 20)
@@ -194,9 +194,9 @@ def test_verify_and_salvage_recover_the_intact_commits(tmp_path: Path, capsys: p
     assert rlfleet_main(["buffer", "verify", str(run_dir)]) == 0
     _flip_mid_log(run_dir / "buffer" / LOG_NAME)
     assert rlfleet_main(["buffer", "verify", str(run_dir)]) == 1
-    assert "corrupt frame at offset" in capsys.readouterr().out
+    assert "corrupt frame at offset" in capfd.readouterr().out
     assert rlfleet_main(["buffer", "salvage", str(run_dir)]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "salvaged" in out and (run_dir / "buffer" / f"{LOG_NAME}.corrupt-0").exists()
     state = open_core(run_dir / "buffer").state
     assert len(state.ready) == 19 and state.next_prompt_index == 20   # only the damaged group's commit is gone
