@@ -82,6 +82,7 @@ class Sample:
     status: Status = Status.COMPLETED
     status_reason: str = ""
     weight_version: int = 0
+    weight_epoch: int = 0                       # trainer epoch of weight_version, stamped by the replica
     token_versions: list[int] | None = None     # partial rollouts: version per response token
     routed_experts: RoutedExperts | None = None
     teacher_logprobs: list[float] | None = None
@@ -109,7 +110,7 @@ class Sample:
             rollout_logprobs=pack_f32(self.rollout_logprobs), reward=float(self.reward),
             status=cast(sample_pb2.SampleStatus, int(self.status)),
             status_reason=self.status_reason, weight_version=self.weight_version,
-            replica_id=self.replica_id,
+            weight_epoch=self.weight_epoch, replica_id=self.replica_id,
         )
         msg.reward_parts.update({k: float(v) for k, v in self.reward_parts.items()})
         msg.metadata.update(self.metadata)
@@ -130,7 +131,7 @@ class Sample:
             rollout_logprobs=unpack_f32(msg.rollout_logprobs).tolist(),
             loss_mask=unpack_u8(msg.loss_mask).tolist() if msg.loss_mask else None,
             reward=msg.reward, reward_parts=dict(msg.reward_parts), status=Status(msg.status),
-            status_reason=msg.status_reason, weight_version=msg.weight_version,
+            status_reason=msg.status_reason, weight_version=msg.weight_version, weight_epoch=msg.weight_epoch,
             token_versions=unpack_i32(msg.token_versions).tolist() if msg.token_versions else None,
             routed_experts=RoutedExperts.from_proto(msg.routed_experts) if msg.HasField("routed_experts") else None,
             teacher_logprobs=unpack_f32(msg.teacher_logprobs).tolist() if msg.teacher_logprobs else None,

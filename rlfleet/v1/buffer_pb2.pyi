@@ -64,18 +64,28 @@ class PutReply(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("step", "num_groups", "policy_version", "wait_seconds", "consumer")
+    __slots__ = ("step", "num_groups", "policy_version", "wait_seconds", "consumer", "lineage")
     STEP_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     step: int
     num_groups: int
     policy_version: int
     wait_seconds: float
     consumer: str
-    def __init__(self, step: _Optional[int] = ..., num_groups: _Optional[int] = ..., policy_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consumer: _Optional[str] = ...) -> None: ...
+    lineage: _containers.RepeatedCompositeFieldContainer[LineageEpoch]
+    def __init__(self, step: _Optional[int] = ..., num_groups: _Optional[int] = ..., policy_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consumer: _Optional[str] = ..., lineage: _Optional[_Iterable[_Union[LineageEpoch, _Mapping]]] = ...) -> None: ...
+
+class LineageEpoch(_message.Message):
+    __slots__ = ("epoch", "base_version")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    base_version: int
+    def __init__(self, epoch: _Optional[int] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("step", "samples", "group_ids", "complete", "redelivered")

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from rlfleet.lineage import Epoch
 from rlfleet.metrics import BufferMetrics
 from rlfleet.sample import SampleError, sample_key, validate_message
 from rlfleet.sample_limits import SampleLimits
@@ -33,6 +34,7 @@ from services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, St
 from services.buffer.filters import GroupFilter
 from services.buffer.gate import Gate
 from services.buffer.grouping import close_group
+from services.buffer.lineage_check import LineageCheck
 from services.buffer.mutations import (
     AckSteps,
     Add,
@@ -115,6 +117,7 @@ class BufferCore:
         self.gate = Gate.of(settings.groups_per_step, settings.over_sample, settings.publish_every,
                             settings.max_staleness)
         self._cond = threading.Condition()
+        self._lineage = LineageCheck(keep=4 * settings.capacity + 1024)
         self._told: set[str] = set()     # cancelled groups some Claim reply has listed (memory only: early wake-ups)
         self.state: State = store.load()
         self._reload = False
@@ -351,7 +354,10 @@ class BufferCore:
 
     # ---- GetBatch ------------------------------------------------------------------------------------------------
     @durable_reply
-    def get_batch(self, step: int, num_groups: int, policy_version: int, wait: float) -> BatchResult:
+    def get_batch(self, step: int, num_groups: int, policy_version: int, wait: float,
+                  lineage: Sequence[Epoch] = ()) -> BatchResult:
+        """lineage: the trainer's (rlfleet/lineage.py); groups with a sample outside it are dropped
+        (abandoned_lineage), like those newer than policy_version."""
         n = num_groups or self.settings.groups_per_step
         end = time.monotonic() + max(0.0, wait)
         with self._cond:
@@ -367,7 +373,7 @@ class BufferCore:
                     raise InvalidRequest(f"policy_version {policy_version} is more than {self.version_lead} ahead "
                                          f"of the last one reported ({st.policy_version})")
                 muts: list[Mutation] = [] if policy_version == st.policy_version else [Policy(policy_version)]
-                stale, abandoned, take = self._pick(n, policy_version)
+                stale, abandoned, take = self._pick(n, policy_version, lineage)
                 for gone, reason in ((stale, "stale"), (abandoned, "abandoned_lineage")):
                     if gone:
                         muts.append(Stale(tuple(g.gid for g in gone), tuple(g.ready_seq for g in gone),
@@ -387,10 +393,12 @@ class BufferCore:
                     return BatchResult(step, [], [], complete=False, redelivered=False)
                 self._cond.wait(remaining)
 
-    def _pick(self, n: int, policy_version: int) -> tuple[list[Group], list[Group], list[Group]]:
+    def _pick(self, n: int, policy_version: int, lineage: Sequence[Epoch] = ()
+              ) -> tuple[list[Group], list[Group], list[Group]]:
         """(stale groups, groups of an abandoned lineage, the n to deliver), oldest first. A sample newer than the
         trainer's policy cannot come from its lineage (replicas only hold versions it published): it was generated
-        by weights of a trainer that died after publishing them and resumed from an older checkpoint."""
+        by weights of a trainer that died after publishing them and resumed from an older checkpoint; once the new
+        trainer re-publishes those version numbers, the samples' epochs tell the two apart (lineage)."""
         floor = policy_version - self.settings.max_staleness
         stale: list = []
         abandoned: list = []
@@ -398,7 +406,7 @@ class BufferCore:
         for g in self.state.ready.values():
             if len(take) == n:
                 break
-            if any(e.weight_version > policy_version for e in g.entries()):
+            if any(e.weight_version > policy_version for e in g.entries()) or not self._lineage.belongs(g, lineage):
                 abandoned.append(g)
             elif any(e.weight_version < floor for e in g.entries()):
                 stale.append(g)

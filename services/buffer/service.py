@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from rlfleet.lineage import Epoch
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 from services.buffer.core import BufferCore
 from services.buffer.errors import BufferFull, BufferRefusal, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
@@ -64,9 +65,10 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
 
     def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.ServicerContext) -> bytes:
         """The encoded rlfleet.v1.Batch (see add_to_server)."""
+        lineage = [Epoch(e.epoch, e.base_version) for e in request.lineage]
         res = self._call(context, lambda: self.core.get_batch(request.step, request.num_groups,
                                                               request.policy_version,
-                                                              _wait(request.wait_seconds, context)))
+                                                              _wait(request.wait_seconds, context), lineage))
         return encode_batch(res.step, res.samples, res.group_ids, res.complete, res.redelivered)
 
     def Ack(self, request: buffer_pb2.AckRequest, context: grpc.ServicerContext) -> buffer_pb2.AckReply:

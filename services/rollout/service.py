@@ -119,7 +119,8 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
         metrics.reward.observe(sample.reward)
         counters.finished_samples += 1
 
-    work = WorkLoop(buffer_channel, engine, ctx, plugins.data, plugins.rollout_fn, settings, stop, on_sample)
+    work = WorkLoop(buffer_channel, engine, ctx, plugins.data, plugins.rollout_fn, settings, stop, on_sample,
+                    epoch_of=updater.epoch_of)
     server = Server(listen_address(cfg.endpoints.rollout[index] if index < len(cfg.endpoints.rollout) else "",
                                    args.listen), args.token)
     server.add(rollout_pb2_grpc.add_RolloutServicer_to_server,

@@ -57,6 +57,7 @@ def held_digest(engine: Engine, names: list[str]) -> str:
 
 
 PAUSE_MODES = ("in_place", "retract")
+KEEP_EPOCHS = 64          # versions whose epoch a replica remembers (far more than any staleness bound)
 
 
 class WeightUpdater:
@@ -77,7 +78,20 @@ class WeightUpdater:
         self._lock = threading.Lock()          # one update at a time (subscription and LoadWeights)
         self.digest = ""                       # digest of the last applied version ("" = initial weights)
         self.epoch = 0                         # trainer epoch of the last applied version (0 = initial weights)
+        self._epochs: dict[int, int] = {}      # recently applied version -> the epoch it was applied under
         self.failures = 0
+
+    def epoch_of(self, version: int) -> int:
+        """The trainer epoch under which `version` was last applied (0: the initial weights, or a version applied
+        longer ago than the staleness any buffer keeps). Samples carry it (Sample.weight_epoch): the same version
+        number under two epochs names two different sets of weights (rlfleet/lineage.py)."""
+        return self._epochs.get(version, 0)
+
+    def _applied(self, version: int, epoch: int) -> None:
+        self.epoch = epoch
+        self._epochs[version] = epoch
+        while len(self._epochs) > KEEP_EPOCHS:
+            del self._epochs[min(self._epochs)]
 
     def newer(self, manifest: weights_pb2.WeightManifest) -> bool:
         """Whether manifest is newer than what the engine serves, by (epoch, version): after a trainer resumed from
@@ -97,14 +111,14 @@ class WeightUpdater:
     def _apply_locked(self, manifest: weights_pb2.WeightManifest) -> weights_pb2.UpdateResult:
         start = time.monotonic()
         if manifest.version == self.engine.weight_version and manifest.digest == self.digest:
-            self.epoch = max(self.epoch, manifest.epoch)   # the same weights, whatever epoch announced them
+            self._applied(manifest.version, max(self.epoch, manifest.epoch))   # the same weights, any epoch
             return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,
                                             digest=self.digest)               # already applied (LoadWeights + sub)
         error = ""
         for attempt in (1, 2):
             try:
                 nbytes = self._fetch_and_load(manifest)
-                self.epoch = manifest.epoch
+                self._applied(manifest.version, manifest.epoch)
                 return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,
                                                 digest=self.digest, seconds=time.monotonic() - start, bytes=nbytes)
             except Exception as exc:  # noqa: BLE001 - any failure keeps the previous version serving

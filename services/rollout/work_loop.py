@@ -76,8 +76,10 @@ class SamplePutter:
 class WorkLoop:
     def __init__(self, channel: grpc.Channel, engine: Engine, ctx: RolloutContext, data: DataSource,
                  rollout_fn: RolloutFn, settings: WorkSettings, stop: threading.Event,
-                 on_sample: Callable[[Sample], None] = lambda s: None) -> None:
+                 on_sample: Callable[[Sample], None] = lambda s: None,
+                 epoch_of: Callable[[int], int] = lambda version: 0) -> None:
         self._stub = buffer_pb2_grpc.BufferStub(channel)
+        self._epoch_of = epoch_of          # trainer epoch of an applied version (WeightUpdater.epoch_of)
         self._engine, self._ctx, self._data, self._fn = engine, ctx, data, rollout_fn
         self._s = settings
         self._stop = stop
@@ -235,6 +237,7 @@ class WorkLoop:
     def _emit(self, sample: Sample) -> str:
         sample.run_id = sample.run_id or self._s.run_id
         sample.replica_id = sample.replica_id or self._s.replica_id
+        sample.weight_epoch = sample.weight_epoch or self._epoch_of(sample.weight_version)
         outcome = self._putter.deliver(sample)
         if outcome == ACCEPTED:
             self._on_sample(sample)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 
+from rlfleet.lineage import Epoch
 from rlfleet.rpc import DEFAULT_DEADLINE, channel
 from rlfleet.security.identity import Credential
 from rlfleet.v1 import (
@@ -56,13 +57,16 @@ def call(what: str, address: str, fn: Callable[..., T], request: Any, timeout: f
 class BufferClient:
     def __init__(self, address: str, token: Credential, consumer: str = "trainer") -> None:
         self.address, self.consumer = address, consumer
+        self.lineage: Sequence[Epoch] = ()          # named in every GetBatch (rlfleet/lineage.py)
         self._channel = channel(address, token)
         self._stub = buffer_pb2_grpc.BufferStub(self._channel)
 
     def get_batch(self, step: int, num_groups: int, policy_version: int) -> buffer_pb2.Batch:
         """Block until the buffer delivers the complete batch for `step`."""
         req = buffer_pb2.GetBatchRequest(step=step, num_groups=num_groups, policy_version=policy_version,
-                                         wait_seconds=BATCH_POLL, consumer=self.consumer)
+                                         wait_seconds=BATCH_POLL, consumer=self.consumer,
+                                         lineage=[buffer_pb2.LineageEpoch(epoch=e.epoch, base_version=e.base_version)
+                                                  for e in self.lineage])
         while True:
             batch = call("Buffer.GetBatch", self.address, self._stub.GetBatch, req, BATCH_POLL + DEFAULT_DEADLINE)
             if batch.complete:

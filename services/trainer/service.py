@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
+from rlfleet import lineage
 from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config, ConfigError
 from rlfleet.dashboards import MetricsLog
@@ -159,6 +160,18 @@ class Trainer:
             self.leader.state.update(step=info.step + 1, weight_version=info.version, last_checkpoint=str(info.path))
         return info.step + 1
 
+    def _take_lineage(self, resumed: bool) -> None:
+        """Rank 0: this incarnation's epoch joins the run's lineage (rlfleet/lineage.py) at the version it starts
+        from, and every GetBatch names the lineage, so the buffer drops samples of versions an earlier incarnation
+        published past its last checkpoint. A fresh start descends from nothing stored."""
+        assert self.leader is not None
+        path = self.run_dir / "trainer" / lineage.FILE_NAME
+        earlier = lineage.load(path) if resumed else []
+        chain = lineage.extend(earlier, self.leader.publisher.epoch, self.version)
+        lineage.save(path, chain)
+        self.leader.buffer.lineage = chain
+        log.info("trainer epoch %d from version %d; lineage of %d epoch(s)", chain[-1].epoch, self.version, len(chain))
+
     # -- pieces of a step -----------------------------------------------------------------------------------------
 
     def _publish(self, backend: TrainerBackend, version: int, step: int) -> None:
@@ -241,6 +254,8 @@ class Trainer:
         data_rank, data_world = backend.data_rank, backend.data_world
         self.ctx = replace(self.ctx, pad_id=backend.pad_id)
         start = self._resume(backend)
+        if self.leader:
+            self._take_lineage(resumed=start > 0)
         if self.leader and self.committed >= 0:
             self.leader.buffer.ack(self.committed)
         self._publish(backend, self.version, max(self.committed, 0))

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from prometheus_client import CollectorRegistry
 
+from rlfleet.lineage import Epoch
 from rlfleet.metrics import WeightSyncMetrics
 from rlfleet.rpc import Server, channel
 from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
@@ -84,6 +85,50 @@ def test_the_buffer_drops_samples_of_the_abandoned_lineage(tmp_path: Path) -> No
     assert batch.group_ids == [b.group_id]
     assert core.state.dropped == {"abandoned_lineage": 2}
     core.close()
+
+
+def test_re_published_version_numbers_are_told_apart_by_epoch(tmp_path: Path) -> None:
+    """Trainer epoch 1000 published versions 1..7 and died; its last checkpoint held version 4. Epoch 2000 resumed
+    there and has re-published 5..7. Samples of epoch 1000 at versions 5..7 came from weights no lineage holds any
+    more, though their numbers are in range; those at version <= 4, and epoch 2000's, are of the lineage."""
+    settings = BufferSettings(capacity=64, group_size=2, groups_per_step=3, steps=100, max_staleness=4,
+                              lease_seconds=60.0, min_valid_per_group=1)
+    core = BufferCore(EmbeddedStore(tmp_path), settings)
+    core.get_batch(0, 3, 7, 0)
+    tickets = core.claim("r", 7, 4, 0).tickets
+    put = {"old7": (1000, 7), "old3": (1000, 3), "new7": (2000, 7), "old5": (1000, 5)}
+    for t, (epoch, version) in zip(tickets, put.values(), strict=True):
+        samples = [make_sample(t.group_id, i, 2, version=version) for i in range(2)]
+        for s in samples:
+            s.weight_epoch = epoch
+        core.put(samples, 0)
+    gid = {name: t.group_id for name, t in zip(put, tickets, strict=True)}
+    lineage = [Epoch(1000, 0), Epoch(2000, 4)]
+    batch = core.get_batch(0, 2, 7, 0, lineage)
+    assert sorted(batch.group_ids) == sorted([gid["old3"], gid["new7"]])
+    assert core.state.dropped == {"abandoned_lineage": 2}              # old7 (the pick stops at 2 taken)
+    assert list(core.state.ready) == [gid["old5"]]
+    assert not core.get_batch(1, 1, 7, 0, lineage).complete           # old5 dropped: nothing left to deliver
+    assert core.state.dropped == {"abandoned_lineage": 4} and not core.state.ready
+    core.close()
+
+
+def test_samples_carry_the_epoch_their_version_was_applied_under(tmp_path: Path) -> None:
+    """The replica stamps each sample with the epoch of its weight version (WorkLoop -> WeightUpdater.epoch_of)."""
+    model = make_tiny_model(tmp_path / "m", seed=3)
+    m1, t1 = published(model, version=2)
+    m2, t2 = published(model, version=2)
+    m1.epoch, m2.epoch = 1000, 2000
+    m2.digest = m1.digest                               # the same weights re-announced under the next epoch
+    engine = TorchEngine(make_tiny_model(tmp_path / "v0", seed=0), max_batch_size=2)
+    try:
+        updater = WeightUpdater(engine, "r0", None, 10.0,
+                                receivers=lambda transport: lambda m, *a: [(n, t.clone()) for n, t in t1])
+        assert updater.epoch_of(0) == 0                 # the initial weights
+        assert updater.apply(m1).ok and updater.epoch_of(2) == 1000
+        assert updater.apply(m2).ok and updater.epoch_of(2) == 2000 and updater.epoch == 2000
+    finally:
+        engine.shutdown()
 
 
 SUBSCRIBER = """

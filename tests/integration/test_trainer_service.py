@@ -103,6 +103,7 @@ class FakeBuffer(buffer_pb2_grpc.BufferServicer):
             self.asked.add(request.step)
             return buffer_pb2.Batch(step=request.step, complete=False)
         self.events.append(("get", request.step, request.policy_version, request.num_groups))
+        self.events.append(("lineage", request.step, [(e.epoch, e.base_version) for e in request.lineage]))
         return batch_for(request.step)
 
     def Ack(self, request: buffer_pb2.AckRequest, context: grpc.ServicerContext) -> buffer_pb2.AckReply:
@@ -273,6 +274,15 @@ def test_trainer_process_trains_publishes_checkpoints_acks_and_resumes(tmp_path:
     resumed = peers2.of("publish")[0]
     assert resumed[3].digest == publishes[-1][3].digest          # exactly the weights the first run ended with
     assert [(a[1], a[2][-1]) for a in peers2.of("ack")] == [(2, "step_00000002"), (3, "step_00000003")]
+
+    # lineage: the first incarnation from version 0; the resumed one joins it at the version it resumed (3), and
+    # both name it in every GetBatch (stored in run/trainer/lineage.json)
+    first_epoch, second_epoch = publishes[0][3].epoch, resumed[3].epoch
+    assert second_epoch > first_epoch > 0
+    assert {tuple(map(tuple, e[2])) for e in peers.of("lineage")} == {((first_epoch, 0),)}
+    assert {tuple(map(tuple, e[2])) for e in peers2.of("lineage")} == {((first_epoch, 0), (second_epoch, 3))}
+    stored = json.loads((run_dir / "trainer" / "lineage.json").read_text())["lineage"]
+    assert [(r["epoch"], r["base_version"]) for r in stored] == [(first_epoch, 0), (second_epoch, 3)]
 
 
 @pytest.mark.timeout(300)
