@@ -81,3 +81,8 @@ def test_moved_per_algorithm_field_names_its_new_place(old: str, new: str, value
     section, name = new.split(".")[1:]
     got = getattr(getattr(cfg.trainer, section), name)
     assert got == (tuple(value) if isinstance(value, list) else value)
+
+
+@pytest.mark.parametrize("example", sorted(p.parent.name for p in (ROOT / "examples").glob("*/config.yaml")))
+def test_every_example_config_loads(example: str) -> None:
+    load_config(ROOT / "examples" / example / "config.yaml")
