@@ -302,7 +302,8 @@ class TrainerConfig(_Section):
                                                  "(trainer.megatron).")
     megatron: MegatronConfig = Field(MegatronConfig(), description="Megatron parallelism (backend: megatron).")
     world_size: int = Field(1, ge=1, description="Trainer ranks.")
-    steps: int = Field(100, ge=1, description="Optimizer steps of the run.")
+    steps: int = Field(100, ge=1, description="Trainer steps of the run (one batch of groups_per_step groups "
+                       "each).")
     groups_per_step: int = Field(8, ge=1, description="Groups (prompts x rollout.group_size samples) per step.")
     algorithm: str = Field("grpo", description="Preset naming an advantage and a loss: grpo, rloo, drgrpo, gspo, "
                            "ppo, reinforce_pp, reinforce_pp_baseline, dapo, distill, sft.")
@@ -316,7 +317,8 @@ class TrainerConfig(_Section):
     clip_low: float = Field(0.2, ge=0, description="Clipped loss: ratios are clipped below at 1 - clip_low.")
     clip_high: float = Field(0.2, ge=0, description="Clipped loss: ratios are clipped above at 1 + clip_high "
                              "(dapo: trainer.dapo.clip_high).")
-    minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (the batch split into this many).")
+    minibatches: int = Field(1, ge=1, description="Optimizer updates per step: the step's batch split into this "
+                             "many minibatches.")
     tis: TisConfig = Field(TisConfig(), description="Rollout correction.")
     publish_every: int = Field(1, ge=1, description="Publish weights every this many steps.")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every this many steps (and at the end).")
@@ -358,7 +360,8 @@ class WeightSyncConfig(_Section):
         "start-up, pick by model size.")
     bucket_mb: float = Field(512.0, gt=0, description="Size of a weight bucket in MB.")
     chunk_kb: int = Field(1024, ge=16, description="gRPC streaming chunk size in KB.")
-    update_timeout: float = Field(120.0, gt=0, description="Seconds a replica may take to load a weight update.")
+    update_timeout: float = Field(120.0, gt=0, description="Seconds a weight update may take (sending, loading, "
+                                  "verifying).")
     pause_mode: Literal["in_place", "retract"] = Field("in_place", description="While loading: keep in-flight "
                                                        "requests, or abort them.")
     join_seconds: float = Field(60.0, gt=0, description="broadcast: how long the trainer waits for replicas to "

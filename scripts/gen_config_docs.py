@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:          # run as a script: document this checkout's models, not an installed copy's
     sys.path.insert(0, str(ROOT))
 
-from rlfleet.config import Config  # noqa: E402
+from rlfleet.config import MOVED_FIELDS, Config  # noqa: E402
 
 DOCS = Path("docs") / "config-reference.md"
 SCHEMA = Path("deploy") / "helm" / "rlfleet" / "values.schema.json"
@@ -125,7 +125,8 @@ def render_docs() -> str:
         "(the error names its new place). `rlfleet check CONFIG` validates a config and every plugin it names without",
         "starting anything; `rlfleet run` runs the same checks first. Example:",
         "[examples/addition/config.yaml](../examples/addition/config.yaml). In the Helm chart the `runConfig` values",
-        "hold these sections (deploy/helm/rlfleet/values.schema.json is generated from the same models).",
+        "hold these sections (deploy/helm/rlfleet/values.schema.json is generated from the same models); what the",
+        "chart sets itself is in [docs/cluster.md](cluster.md).",
         "",
     ]
     lines += ["## Sections", "", "| section | description |", "|---|---|"]
@@ -134,6 +135,9 @@ def render_docs() -> str:
     lines.append("")
     for path, model in sections:
         lines += _section_doc(f"{'###' if '.' in path else '##'} `{path}`", model, seen)
+    lines += ["## Moved fields", "", "A config that uses an old name is refused with the new one.", "",
+              "| old | new |", "|---|---|"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in MOVED_FIELDS.items()]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
