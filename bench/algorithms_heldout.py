@@ -41,7 +41,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "agg_seq-mean-token-mean": {"trainer.policy_loss.agg": "seq-mean-token-mean"},
     "agg_seq-mean-token-sum": {"trainer.policy_loss.agg": "seq-mean-token-sum"},
     "agg_seq-mean-token-sum-norm": {"trainer.policy_loss.agg": "seq-mean-token-sum-norm",
-                                    "trainer.drgrpo_max_tokens": 5},
+                                    "trainer.drgrpo.max_tokens": 5},
     "agg_token-sum": {"trainer.policy_loss.agg": "token-sum"},
     "grpo_scale_batch": {"trainer.estimator.scale_rewards": "batch"},
     "on_policy": {"trainer.on_policy": True},

@@ -1,4 +1,8 @@
-"""The run config: one YAML file, one typed section per service. Errors name the field and the file."""
+"""The run config: one YAML file, one typed section per service. Errors name the field and the file.
+
+Every field's description lives here; `python scripts/gen_config_docs.py` writes docs/config-reference.md and the
+run-config part of the Helm values schema from these models (tests/unit/test_config_docs.py fails when either drifts).
+"""
 
 from __future__ import annotations
 
@@ -18,23 +22,33 @@ class _Section(BaseModel):
 
 
 class RunConfig(_Section):
-    name: str = "run"
-    dir: str = "runs/{name}"             # the run folder: metrics, checkpoints, logs, resolved config
-    seed: int = 0
-    resume: bool = False                 # continue from the newest checkpoint in dir
+    """The run's name, folder and seed."""
+
+    name: str = Field("run", description="The run's name; `{name}` in run.dir and model.path.")
+    dir: str = Field("runs/{name}", description="The run folder: metrics, checkpoints, logs, the resolved config.")
+    seed: int = Field(0, description="The run's random seed.")
+    resume: bool = Field(False, description="Continue from the newest checkpoint in run.dir.")
 
 
 class ModelConfig(_Section):
-    path: str                            # HF causal-LM folder (safetensors); may use {run_dir}
-    prepare: str | None = None           # dotted path: fn(model_dir: str, seed: int) builds the folder if missing
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The policy model."""
+
+    path: str = Field(description="HF causal-LM folder (safetensors) or a .gguf file; may use {run_dir} and {name}.")
+    prepare: str | None = Field(None, description="Dotted path to fn(model_dir: str, seed: int) that builds the "
+                                "folder when it is missing.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Dtype the weights are "
+                                                              "published, served and exported in.")
 
 
 class SamplingConfig(_Section):
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(64, ge=1)
+    """How the rollout engine samples responses."""
+
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0: greedy); the trainer's logprobs "
+                               "use the same logits / T.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling: the smallest token set of this "
+                         "probability mass (1: off).")
+    top_k: int = Field(0, ge=0, description="Sample from the k most likely tokens (0: off).")
+    max_new_tokens: int = Field(64, ge=1, description="Most tokens generated per response.")
 
 
 class EngineHealthConfig(_Section):
@@ -42,8 +56,8 @@ class EngineHealthConfig(_Section):
     server refuses at once; a frozen one times out after 3 s) the replica turns NOT_SERVING and exits to be
     replaced. Worst-case detection of a frozen SGLang server: failures * (interval + 3 s)."""
 
-    interval: float = Field(2.0, gt=0)
-    failures: int = Field(3, ge=1)
+    interval: float = Field(2.0, gt=0, description="Seconds between engine health checks.")
+    failures: int = Field(3, ge=1, description="Failed checks in a row that make the replica NOT_SERVING.")
 
 
 class SGLangConfig(_Section):
@@ -51,33 +65,43 @@ class SGLangConfig(_Section):
     the server at url (api_key_file holds that server's key). RLFLEET_SGLANG_URL, RLFLEET_SGLANG_PYTHON and
     RLFLEET_SGLANG_PYTHONPATH in the environment override url, python and pythonpath (a machine's own paths)."""
 
-    url: str = ""                            # an SGLang server someone else runs ("" = start one per replica)
-    api_key_file: str = ""                   # that server's --api-key, for url
-    python: str = ".venv-sglang/bin/python"  # the python of SGLang's own environment (in the CUDA image: python)
-    pythonpath: list[str] = []               # extra PYTHONPATH of a server this replica starts
-    weights: Literal["disk", "distributed"] = "disk"   # how verified weights reach the server
-    verify: Literal["read_back", "sent"] = "read_back"  # what the acknowledged digest is computed from
-    tp: int = Field(1, ge=1)                 # tensor parallelism over this many GPUs (the rollout pod's GPUs)
-    mem_fraction_static: float = Field(0.1, gt=0, lt=1)   # GPU memory for weights + KV cache (0.8-0.9 on a GPU)
-    max_total_tokens: int = Field(4096, ge=64)           # KV cache size in tokens
-    extra_args: list[str] = []               # more sglang.launch_server flags, verbatim
+    url: str = Field("", description="An SGLang server someone else runs (\"\": start one per replica).")
+    api_key_file: str = Field("", description="A file holding that server's --api-key, for url.")
+    python: str = Field(".venv-sglang/bin/python", description="The python of SGLang's own environment (in the "
+                        "CUDA image: python).")
+    pythonpath: list[str] = Field([], description="Extra PYTHONPATH of a server this replica starts.")
+    weights: Literal["disk", "distributed"] = Field("disk", description="How verified weights reach the server: "
+                                                    "files on disk, or SGLang's distributed weight update.")
+    verify: Literal["read_back", "sent"] = Field("read_back", description="What the acknowledged digest is "
+                                                 "computed from: the weights read back from the server, or those "
+                                                 "sent.")
+    tp: int = Field(1, ge=1, description="Tensor parallelism over this many GPUs (the rollout pod's GPUs).")
+    mem_fraction_static: float = Field(0.1, gt=0, lt=1, description="GPU memory for weights + KV cache (0.8-0.9 "
+                                       "on a GPU).")
+    max_total_tokens: int = Field(4096, ge=64, description="KV cache size in tokens.")
+    extra_args: list[str] = Field([], description="More sglang.launch_server flags, verbatim.")
 
 
 class DataConfig(_Section):
-    """rollout.data / eval.data: a dataset by path (JSONL, Parquet, or a saved Hugging Face `datasets` folder)."""
+    """A dataset by path (JSONL, Parquet, or a saved Hugging Face `datasets` folder). Give exactly one of
+    prompt_field and messages_field."""
 
-    path: str
-    prompt_field: str | None = None         # a text column (sent as one user message when chat is true)
-    messages_field: str | None = None       # or a column of chat messages [{role, content}, ...]
-    label_field: str | None = None
-    extra_fields: list[str] | None = None   # columns given to the reward as keyword arguments (None: all others)
-    chat: bool = True                       # prompt_field: apply the model's chat template
-    system_prompt: str | None = None
-    shuffle: bool = True                    # a new seeded order each epoch
-    seed: int | None = None                 # default: run.seed
-    holdout: float = Field(0.0, ge=0)       # rows held out of "train": a fraction (< 1) or a count (>= 1)
-    split: Literal["train", "holdout", "all"] = "train"
-    dataset_split: str = "train"            # saved DatasetDict folders: which split to read
+    path: str = Field(description="The dataset file or folder.")
+    prompt_field: str | None = Field(None, description="A text column (sent as one user message when chat is "
+                                     "true).")
+    messages_field: str | None = Field(None, description="Or a column of chat messages [{role, content}, ...].")
+    label_field: str | None = Field(None, description="The column rewards compare with (prompt.label, as text).")
+    extra_fields: list[str] | None = Field(None, description="Columns given to the reward as keyword arguments "
+                                           "(null: all others).")
+    chat: bool = Field(True, description="prompt_field: apply the model's chat template.")
+    system_prompt: str | None = Field(None, description="A system message before each prompt (prepended to the "
+                                      "text when chat is false).")
+    shuffle: bool = Field(True, description="A new seeded order each epoch.")
+    seed: int | None = Field(None, description="Seed of the order (null: run.seed).")
+    holdout: float = Field(0.0, ge=0, description="Rows held out of \"train\": a fraction (< 1) or a count (>= 1).")
+    split: Literal["train", "holdout", "all"] = Field("train", description="Which rows this section reads: the "
+                                                      "training rows, the held-out rows, or all.")
+    dataset_split: str = Field("train", description="Saved DatasetDict folders: which split to read.")
 
     @model_validator(mode="after")
     def _one_prompt_field(self) -> DataConfig:
@@ -87,116 +111,137 @@ class DataConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    replicas: int = Field(1, ge=1)
-    engine: Literal["torch", "sglang"] = "torch"
-    group_size: int = Field(8, ge=1)
-    data_source: str | None = None       # dotted path to a DataSource factory (or give `data`)
-    data_args: dict[str, Any] = {}
-    data: DataConfig | None = None       # a dataset file instead of data_source
-    reward_fn: str                       # a stock reward name (rlfleet/rewards) or a dotted path to a RewardFn
-    reward_args: dict[str, Any] = {}     # options of a stock reward (or kwargs of a dotted-path reward factory)
-    reward_timeout: float = Field(60.0, gt=0)   # seconds; a reward that takes longer fails its sample
-    rollout_fn: str = "services.rollout.rollout_fns:single_turn"
-    sampling: SamplingConfig = SamplingConfig()
-    max_batch_size: int = Field(64, ge=1)   # concurrent sequences in the engine
-    claim_groups: int = Field(4, ge=1)      # groups asked for per Claim
-    device: str = "cpu"
-    # on a weight update, in-flight generations: "continue" in place (each token records the version that produced
-    # it) or "retract" (dropped from the engine and regenerated from the prompt under the new weights)
-    partial_rollouts: Literal["continue", "retract"] = "continue"
-    health: EngineHealthConfig = EngineHealthConfig()
-    sglang: SGLangConfig = SGLangConfig()
-    # on SIGTERM (scaled away, pod deleted): stop claiming, let the groups in flight finish for up to this many
-    # seconds, then hand the rest back to the buffer (re-queued at once) and exit
-    drain_seconds: float = Field(30.0, ge=0)
+    """The rollout replicas: engine, prompts, reward, sampling. Give exactly one of data_source and data."""
+
+    replicas: int = Field(1, ge=1, description="Rollout replicas (processes, each with its own engine).")
+    engine: Literal["torch", "sglang"] = Field("torch", description="The inference engine: the built-in torch "
+                                               "engine, or an SGLang server (rollout.sglang).")
+    group_size: int = Field(8, ge=1, description="Responses sampled per prompt (one group).")
+    data_source: str | None = Field(None, description="Dotted path to a DataSource factory (or give data).")
+    data_args: dict[str, Any] = Field({}, description="Keyword arguments of the data_source factory.")
+    data: DataConfig | None = Field(None, description="A dataset file instead of data_source.")
+    reward_fn: str = Field(description="A stock reward name (rlfleet/rewards) or a dotted path to a RewardFn.")
+    reward_args: dict[str, Any] = Field({}, description="Options of a stock reward (or kwargs of a dotted-path "
+                                        "reward factory).")
+    reward_timeout: float = Field(60.0, gt=0, description="Seconds; a reward that takes longer fails its sample.")
+    rollout_fn: str = Field("services.rollout.rollout_fns:single_turn", description="Dotted path to the RolloutFn "
+                            "that turns a prompt into samples (single turn, or a multi-turn agent).")
+    sampling: SamplingConfig = Field(SamplingConfig(), description="How responses are sampled.")
+    max_batch_size: int = Field(64, ge=1, description="Concurrent sequences in the engine.")
+    claim_groups: int = Field(4, ge=1, description="Groups asked for per Claim.")
+    device: str = Field("cpu", description="Torch device of the torch engine (cpu, cuda, cuda:N).")
+    partial_rollouts: Literal["continue", "retract"] = Field(
+        "continue", description="On a weight update, in-flight generations: continue in place (each token records "
+        "the version that produced it) or retract (dropped from the engine and regenerated from the prompt under "
+        "the new weights).")
+    health: EngineHealthConfig = Field(EngineHealthConfig(), description="Engine health checks.")
+    sglang: SGLangConfig = Field(SGLangConfig(), description="The SGLang engine (rollout.engine: sglang).")
+    drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM (scaled away, pod deleted): stop claiming, let "
+                                 "the groups in flight finish for up to this many seconds, then hand the rest back "
+                                 "to the buffer (re-queued at once) and exit.")
 
 
 class BufferConfig(_Section):
-    store: Literal["embedded", "redis"] = "embedded"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    capacity: int = Field(1024, ge=1)       # samples held (stored + in flight) before back-pressure
-    max_staleness: int = Field(0, ge=0)     # 0 = synchronous RL; k = samples may lag k versions
-    lease_seconds: float = Field(300.0, gt=0)
-    filters: list[str] = []                 # dotted paths to SampleFilters, or built-in names
-    min_valid_per_group: int = Field(2, ge=1)
-    # embedded store durability. always: a reply waits for its commit's fsync (group commit: concurrent calls share
-    # one). everysec: loses up to ~1 s of acknowledged samples, deliveries and acks on power loss. no: loses
-    # whatever the OS had not written back on power loss. (A process crash loses nothing under any of them.)
-    fsync: Literal["always", "everysec", "no"] = "always"
-    # issue up to ceil(over_sample * trainer.groups_per_step) groups per step (DAPO over-sampling); when a step's
-    # batch is full, groups in flight that the staleness bound no longer lets feed a step are cancelled
-    over_sample: float = Field(1.0, ge=1.0, le=16.0)
+    """The buffer: where samples wait between rollout and trainer, and the rules that issue and drop groups."""
+
+    store: Literal["embedded", "redis"] = Field("embedded", description="Where samples are kept: an append-only "
+                                                "log in the run folder, or Redis Streams.")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="The Redis server of store: redis.")
+    capacity: int = Field(1024, ge=1, description="Samples held (stored + in flight) before back-pressure.")
+    max_staleness: int = Field(0, ge=0, description="0: synchronous RL; k: samples may lag k weight versions.")
+    lease_seconds: float = Field(300.0, gt=0, description="A ticket whose samples do not all arrive within this "
+                                 "many seconds is re-queued (and a cancelled group is remembered this long).")
+    filters: list[str] = Field([], description="Group filters: built-in names (dynamic_sampling) or dotted paths "
+                               "to SampleFilters.")
+    min_valid_per_group: int = Field(2, ge=1, description="A complete group with fewer valid (not failed or "
+                                     "aborted) samples is dropped.")
+    fsync: Literal["always", "everysec", "no"] = Field(
+        "always", description="Embedded store durability. always: a reply waits for its commit's fsync (group "
+        "commit: concurrent calls share one). everysec: loses up to ~1 s of acknowledged samples, deliveries and "
+        "acks on power loss. no: loses whatever the OS had not written back on power loss. (A process crash loses "
+        "nothing under any of them.)")
+    over_sample: float = Field(1.0, ge=1.0, le=16.0, description="Issue up to ceil(over_sample * "
+                               "trainer.groups_per_step) groups per step (DAPO over-sampling); when a step's batch "
+                               "is full, groups in flight that the staleness bound no longer lets feed a step are "
+                               "cancelled.")
 
 
 class TisConfig(_Section):
     """Rollout correction: importance weights of the trainer's vs the rollout engine's policy (losses.py)."""
 
-    mode: Literal["tis", "icepop", "mask", "none"] = "tis"   # mask = icepop: weight 1 inside [low, clip], else 0
-    clip: float = Field(2.0, gt=0)          # tis: weights truncated at clip; icepop/mask: kept in [low, clip]
-    low: float = Field(0.5, ge=0)
-    # the ratio the weight is taken of: per token, the sequence's product (exp of the summed log-ratios) or its
-    # geometric mean (exp of the mean log-ratio), broadcast over the sequence's tokens
-    level: Literal["token", "sequence", "geometric"] = "token"
+    mode: Literal["tis", "icepop", "mask", "none"] = Field("tis", description="tis: truncated importance "
+                                                           "sampling; icepop = mask: weight 1 inside [low, clip], "
+                                                           "else 0; none: off.")
+    clip: float = Field(2.0, gt=0, description="tis: weights truncated at clip; icepop/mask: kept in [low, clip].")
+    low: float = Field(0.5, ge=0, description="icepop/mask: the lower bound of the kept weights.")
+    level: Literal["token", "sequence", "geometric"] = Field(
+        "token", description="The ratio the weight is taken of: per token, the sequence's product (exp of the "
+        "summed log-ratios) or its geometric mean (exp of the mean log-ratio), broadcast over the sequence's tokens.")
 
 
 class MegatronConfig(_Section):
     """trainer.backend: megatron. world_size = tensor_parallel * pipeline_parallel * data-parallel ranks."""
 
-    tensor_parallel: int = Field(1, ge=1)
-    pipeline_parallel: int = Field(1, ge=1)
-    microbatches: int = Field(1, ge=1)      # schedule microbatches per minibatch (pipelining depth)
+    tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel ranks.")
+    pipeline_parallel: int = Field(1, ge=1, description="Pipeline stages.")
+    microbatches: int = Field(1, ge=1, description="Schedule microbatches per minibatch (pipelining depth).")
 
 
 class KlConfig(_Section):
     """Optional KL penalty against the reference model (the initial policy), added to the loss or the reward."""
 
-    coef: float = Field(0.0, ge=0)          # 0: no reference model is loaded
-    # k3 = low_var_kl (clamped, verl's bounds); mse = k2; kl = k1; a trailing "+" keeps the value of the estimator
-    # and takes the gradient of k2 (straight-through, unbiased gradient)
+    coef: float = Field(0.0, ge=0, description="Weight of the KL term (0: off, no reference model is loaded).")
     estimator: Literal["k1", "k2", "k3", "kl", "mse", "abs", "low_var_kl",
-                       "k1+", "k2+", "k3+", "kl+", "mse+", "abs+", "low_var_kl+"] = "k3"
-    in_reward: bool = False                 # True: -coef * KL(old || ref) per token in the reward (verl's
-    #                                         use_kl_in_reward), not in the loss
-    ratio_weighted: bool = False            # TRL's use_bias_correction_kl: the loss's KL times the ratio pi/pi_old
+                       "k1+", "k2+", "k3+", "kl+", "mse+", "abs+", "low_var_kl+"] = Field(
+        "k3", description="k3 = low_var_kl (clamped, verl's bounds); mse = k2; kl = k1; a trailing \"+\" keeps the "
+        "value of the estimator and takes the gradient of k2 (straight-through, unbiased gradient).")
+    in_reward: bool = Field(False, description="True: -coef * KL(old || ref) per token in the reward (verl's "
+                            "use_kl_in_reward), not in the loss.")
+    ratio_weighted: bool = Field(False, description="TRL's use_bias_correction_kl: the loss's KL times the ratio "
+                                 "pi/pi_old.")
 
 
 class CriticConfig(_Section):
     """PPO's critic: a second HF model (model_path; default the policy's folder) with a scalar value head."""
 
-    model_path: str | None = None
-    lr: float = Field(1e-5, gt=0)
-    value_clip: float = Field(0.2, ge=0)    # clip of the value update around the old values (0: none)
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
+    model_path: str | None = Field(None, description="The critic's HF folder (null: the policy's).")
+    lr: float = Field(1e-5, gt=0, description="The critic's learning rate.")
+    value_clip: float = Field(0.2, ge=0, description="Clip of the value update around the old values (0: none).")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE's discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE's lambda.")
 
 
 class TeacherConfig(_Section):
     """On-policy distillation: the teacher's logprobs are computed in the trainer from this HF folder."""
 
-    model_path: str | None = None
+    model_path: str | None = Field(None, description="The teacher's HF folder (needed by trainer.algorithm: "
+                                   "distill).")
 
 
 class LoraConfig(_Section):
     """LoRA: train rank-r adapters on the target Linear layers only; publish adapter weights only."""
 
-    rank: int = Field(0, ge=0)              # 0: LoRA off (full fine-tuning)
-    alpha: float = Field(16.0, gt=0)
-    targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]   # Linear module names (last path part)
+    rank: int = Field(0, ge=0, description="Adapter rank (0: LoRA off, full fine-tuning).")
+    alpha: float = Field(16.0, gt=0, description="LoRA's alpha: the adapter's output is scaled by alpha / rank.")
+    targets: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], description="Linear module names (the last "
+                               "part of the module path) that get adapters.")
 
 
 class SchedulerConfig(_Section):
     """Learning rate over trainer steps: linear warmup to trainer.lr, then constant or cosine to min_ratio * lr."""
 
-    kind: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    min_ratio: float = Field(0.0, ge=0, le=1)
+    kind: Literal["constant", "cosine"] = Field("constant", description="After the warmup: constant, or cosine "
+                                                "decay to min_ratio * lr at the last step.")
+    warmup_steps: int = Field(0, ge=0, description="Steps of linear warmup from 0 to trainer.lr.")
+    min_ratio: float = Field(0.0, ge=0, le=1, description="cosine: the final learning rate as a fraction of "
+                             "trainer.lr.")
 
 
 class PackingConfig(_Section):
     """Sequence packing: samples share rows of up to max_tokens tokens; no attention across samples."""
 
-    enabled: bool = False
-    max_tokens: int = Field(2048, ge=8)
+    enabled: bool = Field(False, description="Pack samples into shared rows.")
+    max_tokens: int = Field(2048, ge=8, description="Tokens per packed row.")
 
 
 # issue 13: verl / TRL parity (services/trainer/losses.py, advantages.py, batch_invariant.py)
@@ -207,158 +252,238 @@ LossAgg = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
 class PolicyLossConfig(_Section):
     """The token-level policy losses (clipped_pg, dapo, drgrpo, ppo's): aggregation, dual-clip, clamps, entropy."""
 
-    agg: LossAgg | None = None              # None: the loss's own (token-mean; drgrpo: seq-mean-token-sum-norm)
-    # sequence-level denominators: "exclude" rows without a valid token (verl), or "include" them (TRL)
-    empty_rows: Literal["exclude", "include"] = "exclude"
-    clip_ratio_c: float = Field(3.0, ge=0)  # dual-clip: a negative-advantage token's loss is at most -A * c (0: off)
-    log_ratio_clamp: float = Field(20.0, gt=0)   # log(pi/pi_old) clamped to +-this before exp (verl: 20)
-    kl_clamp: float = Field(10.0, gt=0)          # k3 / low_var_kl clamped to +-this (verl: 10)
-    entropy_coef: float = Field(0.0, ge=0)       # loss -= coef * token-mean entropy (0: entropy is a metric only)
+    agg: LossAgg | None = Field(None, description="Aggregation over the global batch (verl's loss_agg_mode; TRL's "
+                                "loss_type names bnpo, dapo, grpo, dr_grpo are aliases). null: the loss's own "
+                                "(token-mean; drgrpo: seq-mean-token-sum-norm).")
+    empty_rows: Literal["exclude", "include"] = Field("exclude", description="Sequence-level denominators: exclude "
+                                                      "rows without a valid token (verl), or include them (TRL).")
+    clip_ratio_c: float = Field(3.0, ge=0, description="Dual-clip: a negative-advantage token's loss is at most "
+                                "-A * c (0: off).")
+    log_ratio_clamp: float = Field(20.0, gt=0, description="log(pi/pi_old) clamped to +-this before exp (verl: 20).")
+    kl_clamp: float = Field(10.0, gt=0, description="k3 / low_var_kl clamped to +-this (verl: 10).")
+    entropy_coef: float = Field(0.0, ge=0, description="loss -= coef * token-mean entropy (0: entropy is a metric "
+                                "only).")
 
 
 class EstimatorConfig(_Section):
     """Options of the advantage estimators."""
 
-    scale_rewards: Literal["group", "batch", "none"] = "group"   # GRPO's std: per group, over the batch, or off
-    gamma: float = Field(1.0, ge=0, le=1)   # REINFORCE++'s discount over the response tokens
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="GRPO's std: per group, over the "
+                                                             "batch (TRL), or off (Dr. GRPO).")
+    gamma: float = Field(1.0, ge=0, le=1, description="REINFORCE++'s discount over the response tokens.")
+
+
+class DapoConfig(_Section):
+    """The dapo loss (trainer.algorithm: dapo): the clipped loss with clip-higher."""
+
+    clip_high: float = Field(0.28, ge=0, description="DAPO's clip-higher: ratios are clipped to "
+                             "[1 - trainer.clip_low, 1 + clip_high].")
+
+
+class GspoConfig(_Section):
+    """The gspo loss (trainer.algorithm: gspo): the clipped loss of the sequence-level ratio."""
+
+    clip: tuple[float, float] = Field((3e-4, 4e-4), description="GSPO's sequence-ratio clip range (low, high): "
+                                      "ratios are clipped to [1 - low, 1 + high].")
+
+
+class DrGrpoConfig(_Section):
+    """Dr. GRPO (trainer.algorithm: drgrpo): the constant normaliser of seq-mean-token-sum-norm aggregation."""
+
+    max_tokens: int = Field(0, ge=0, description="seq-mean-token-sum-norm divides by sequences * max_tokens "
+                            "(0: the batch's T), in any loss that aggregates so.")
 
 
 class TrainerConfig(_Section):
-    backend: Literal["fsdp", "megatron"] = "fsdp"
-    megatron: MegatronConfig = MegatronConfig()
-    world_size: int = Field(1, ge=1)
-    steps: int = Field(100, ge=1)
-    groups_per_step: int = Field(8, ge=1)
-    algorithm: str = "grpo"                 # preset naming an advantage and a loss
-    advantage: str | None = None            # override: built-in name or dotted path
-    loss: str | None = None                 # override: built-in name or dotted path
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = Field(1.0, gt=0)
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.2, ge=0)
-    minibatches: int = Field(1, ge=1)
-    tis: TisConfig = TisConfig()
-    publish_every: int = Field(1, ge=1)
-    checkpoint_every: int = Field(10, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    hooks: list[str] = []
-    threads: int | None = Field(None, ge=1)  # torch threads per rank; None: placement.trainer (issue 15)
-    device: str = "cpu"
-    routing_replay: bool = False            # MoE: replay the rollout's expert routes (R3, trainer/routing_replay.py)
-    # issue 5: algorithms, precision, packing, LoRA, scheduler
-    kl: KlConfig = KlConfig()
-    critic: CriticConfig = CriticConfig()
-    teacher: TeacherConfig = TeacherConfig()
-    lora: LoraConfig = LoraConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
-    packing: PackingConfig = PackingConfig()
-    precision: Literal["auto", "bf16", "fp32"] = "auto"   # auto: bf16 compute + fp32 master on CUDA, fp32 on CPU
-    activation_checkpointing: bool = False
-    dapo_clip_high: float = Field(0.28, ge=0)             # DAPO's clip-higher (clip_low stays trainer.clip_low)
-    gspo_clip: tuple[float, float] = (3e-4, 4e-4)         # GSPO's sequence-ratio clip range (low, high)
-    drgrpo_max_tokens: int = Field(0, ge=0)               # Dr. GRPO's constant normaliser (0: the batch's T)
-    # issue 13: verl / TRL parity
-    policy_loss: PolicyLossConfig = PolicyLossConfig()
-    estimator: EstimatorConfig = EstimatorConfig()
-    # true on-policy: engine and trainer compute log-probs with the same batch-invariant CPU kernels
-    # (services/batch_invariant.py), so logprob_abs_diff is exactly 0; torch engine + fsdp on CPU, fp32 only
-    on_policy: bool = False
+    """The trainer: backend, algorithm, optimizer, checkpoints. Per-algorithm knobs live in their own sub-sections
+    (dapo, gspo, drgrpo, critic for ppo, teacher for distill)."""
+
+    backend: Literal["fsdp", "megatron"] = Field("fsdp", description="Training backend: FSDP2, or Megatron-core "
+                                                 "(trainer.megatron).")
+    megatron: MegatronConfig = Field(MegatronConfig(), description="Megatron parallelism (backend: megatron).")
+    world_size: int = Field(1, ge=1, description="Trainer ranks.")
+    steps: int = Field(100, ge=1, description="Trainer steps of the run (one batch of groups_per_step groups "
+                       "each).")
+    groups_per_step: int = Field(8, ge=1, description="Groups (prompts x rollout.group_size samples) per step.")
+    algorithm: str = Field("grpo", description="Preset naming an advantage and a loss: grpo, rloo, drgrpo, gspo, "
+                           "ppo, reinforce_pp, reinforce_pp_baseline, dapo, distill, sft.")
+    advantage: str | None = Field(None, description="Override the preset's advantage: a built-in name or a dotted "
+                                  "path.")
+    loss: str | None = Field(None, description="Override the preset's loss: a built-in name or a dotted path.")
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate (the peak, with trainer.scheduler).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    clip_low: float = Field(0.2, ge=0, description="Clipped loss: ratios are clipped below at 1 - clip_low.")
+    clip_high: float = Field(0.2, ge=0, description="Clipped loss: ratios are clipped above at 1 + clip_high "
+                             "(dapo: trainer.dapo.clip_high).")
+    minibatches: int = Field(1, ge=1, description="Optimizer updates per step: the step's batch split into this "
+                             "many minibatches.")
+    tis: TisConfig = Field(TisConfig(), description="Rollout correction.")
+    publish_every: int = Field(1, ge=1, description="Publish weights every this many steps.")
+    checkpoint_every: int = Field(10, ge=1, description="Checkpoint every this many steps (and at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept in the run folder (older ones are "
+                                  "deleted).")
+    hooks: list[str] = Field([], description="Dotted paths to trainer hooks (rlfleet.protocols).")
+    threads: int | None = Field(None, ge=1, description="Torch threads per rank (null: placement.trainer).")
+    device: str = Field("cpu", description="Torch device of the trainer ranks (cpu, cuda).")
+    routing_replay: bool = Field(False, description="MoE: replay the rollout's expert routes (R3, "
+                                 "trainer/routing_replay.py).")
+    kl: KlConfig = Field(KlConfig(), description="KL penalty against the reference model.")
+    critic: CriticConfig = Field(CriticConfig(), description="PPO's critic (trainer.algorithm: ppo).")
+    teacher: TeacherConfig = Field(TeacherConfig(), description="The distillation teacher (trainer.algorithm: "
+                                   "distill).")
+    lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters.")
+    scheduler: SchedulerConfig = Field(SchedulerConfig(), description="Learning-rate schedule.")
+    packing: PackingConfig = Field(PackingConfig(), description="Sequence packing.")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 compute + fp32 master "
+                                                       "weights on CUDA, fp32 on CPU.")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in the backward (less "
+                                           "memory, more compute).")
+    dapo: DapoConfig = Field(DapoConfig(), description="The dapo loss.")
+    gspo: GspoConfig = Field(GspoConfig(), description="The gspo loss.")
+    drgrpo: DrGrpoConfig = Field(DrGrpoConfig(), description="Dr. GRPO's normaliser.")
+    policy_loss: PolicyLossConfig = Field(PolicyLossConfig(), description="Aggregation, dual-clip, clamps and "
+                                          "entropy of the token-level policy losses.")
+    estimator: EstimatorConfig = Field(EstimatorConfig(), description="Options of the advantage estimators.")
+    on_policy: bool = Field(False, description="True on-policy: engine and trainer compute log-probs with the same "
+                            "batch-invariant CPU kernels (services/batch_invariant.py), so logprob_abs_diff is "
+                            "exactly 0; torch engine + fsdp on CPU, fp32 only.")
 
 
 class WeightSyncConfig(_Section):
-    # bucketed: gRPC stream; broadcast: gloo/NCCL group (gRPC stream for replicas outside it); nixl: P2P WRITEs;
-    # disk_delta: changed elements in files under delta_dir; auto: probe at start-up, pick by model size
-    transport: Literal["bucketed", "broadcast", "nixl", "disk_delta", "auto"] = "bucketed"
-    bucket_mb: float = Field(512.0, gt=0)
-    chunk_kb: int = Field(1024, ge=16)      # gRPC streaming chunk size
-    update_timeout: float = Field(120.0, gt=0)
-    pause_mode: Literal["in_place", "retract"] = "in_place"   # while loading: keep in-flight requests, or abort them
-    join_seconds: float = Field(60.0, gt=0)  # broadcast: how long the trainer waits for replicas to join the group
-    group_host: str = ""                     # broadcast rendezvous host ("" = the host of endpoints.trainer_data)
-    delta_dir: str = ""                      # disk_delta: shared folder ("" = RUN_DIR/weights_delta)
-    delta_encoding: Literal["xor", "overwrite"] = "xor"
-    rebase_every: int = Field(50, ge=1)      # disk_delta: a full base every this many versions
+    """How published weights reach the rollout replicas."""
+
+    transport: Literal["bucketed", "broadcast", "nixl", "disk_delta", "auto"] = Field(
+        "bucketed", description="bucketed: gRPC stream; broadcast: gloo/NCCL group (gRPC stream for replicas "
+        "outside it); nixl: P2P WRITEs; disk_delta: changed elements in files under delta_dir; auto: probe at "
+        "start-up, pick by model size.")
+    bucket_mb: float = Field(512.0, gt=0, description="Size of a weight bucket in MB.")
+    chunk_kb: int = Field(1024, ge=16, description="gRPC streaming chunk size in KB.")
+    update_timeout: float = Field(120.0, gt=0, description="Seconds a weight update may take (sending, loading, "
+                                  "verifying).")
+    pause_mode: Literal["in_place", "retract"] = Field("in_place", description="While loading: keep in-flight "
+                                                       "requests, or abort them.")
+    join_seconds: float = Field(60.0, gt=0, description="broadcast: how long the trainer waits for replicas to "
+                                "join the group.")
+    group_host: str = Field("", description="broadcast: rendezvous host (\"\": the host of "
+                            "endpoints.trainer_data).")
+    delta_dir: str = Field("", description="disk_delta: shared folder (\"\": RUN_DIR/weights_delta).")
+    delta_encoding: Literal["xor", "overwrite"] = Field("xor", description="disk_delta: changed elements as XOR "
+                                                        "with the base, or their new values.")
+    rebase_every: int = Field(50, ge=1, description="disk_delta: a full base every this many versions.")
 
 
 class EvalConfig(_Section):
-    data_source: str | None = None          # dotted path to a DataSource factory (held-out prompts)
-    data_args: dict[str, Any] = {}
-    data: DataConfig | None = None          # a dataset file (default: rollout.data's holdout split, if any)
-    reward_fn: str | None = None            # default: rollout.reward_fn
-    reward_args: dict[str, Any] | None = None   # default: rollout.reward_args when reward_fn is unset
-    every_steps: int = Field(0, ge=0)       # 0: only before and after training
-    max_prompts: int = Field(200, ge=1)
-    max_new_tokens: int | None = None
+    """Held-out evaluation. Give at most one of data_source and data."""
+
+    data_source: str | None = Field(None, description="Dotted path to a DataSource factory (held-out prompts).")
+    data_args: dict[str, Any] = Field({}, description="Keyword arguments of the data_source factory.")
+    data: DataConfig | None = Field(None, description="A dataset file (default: rollout.data's holdout split, if "
+                                    "any).")
+    reward_fn: str | None = Field(None, description="The eval reward (null: rollout.reward_fn).")
+    reward_args: dict[str, Any] | None = Field(None, description="Its options (null: rollout.reward_args when "
+                                               "reward_fn is unset).")
+    every_steps: int = Field(0, ge=0, description="Evaluate every this many steps (0: only before and after "
+                             "training).")
+    max_prompts: int = Field(200, ge=1, description="Most prompts per evaluation.")
+    max_new_tokens: int | None = Field(None, description="Most tokens per response (null: "
+                                       "rollout.sampling.max_new_tokens).")
 
 
 class DashboardsConfig(_Section):
     """Where trainer metrics go besides metrics/trainer.jsonl and Prometheus."""
 
-    tensorboard: bool = False               # event files in RUN_DIR/tensorboard
-    wandb: Literal["off", "offline", "online"] = "off"   # offline: RUN_DIR/wandb, no network
-    wandb_project: str = "rlfleet"
+    tensorboard: bool = Field(False, description="Event files in RUN_DIR/tensorboard.")
+    wandb: Literal["off", "offline", "online"] = Field("off", description="Weights & Biases (offline: RUN_DIR/wandb, "
+                                                       "no network).")
+    wandb_project: str = Field("rlfleet", description="The wandb project.")
 
 
 class SecurityConfig(_Section):
-    # mtls: a run CA and a certificate per component, roles per RPC (rlfleet/security); token: one shared token,
-    # no roles, no TLS; none: nothing (explicit local experiments only; every service warns)
-    mode: Literal["mtls", "token", "none"] = "mtls"
-    token_file: str | None = None             # token mode: the launcher writes a fresh one in the run folder
-    pki_dir: str | None = None                # mtls: ca.crt, NAME.crt, NAME.key (0600); the launcher makes them
-    signing_key: str | None = None            # Ed25519 private key (PEM) signing weights/checkpoints: trainer only
-    signing_public_key: str | None = None     # its public key: replicas and the trainer refuse what it did not sign
-    version_lead: int = Field(1, ge=0)        # Put/Claim weight_version may lead the trainer's policy version by this
-    metrics_bind: str = "127.0.0.1"           # where /metrics listens (the chart sets 0.0.0.0 for Prometheus)
+    """Authentication between the services, and signed weights."""
+
+    mode: Literal["mtls", "token", "none"] = Field(
+        "mtls", description="mtls: a run CA and a certificate per component, roles per RPC (rlfleet/security); "
+        "token: one shared token, no roles, no TLS; none: nothing (explicit local experiments only; every service "
+        "warns).")
+    token_file: str | None = Field(None, description="token mode: the file holding the token (the launcher writes "
+                                   "a fresh one in the run folder).")
+    pki_dir: str | None = Field(None, description="mtls: ca.crt, NAME.crt, NAME.key (0600); the launcher makes "
+                                "them.")
+    signing_key: str | None = Field(None, description="Ed25519 private key (PEM) signing weights/checkpoints: "
+                                    "trainer only.")
+    signing_public_key: str | None = Field(None, description="Its public key: replicas and the trainer refuse what "
+                                           "it did not sign.")
+    version_lead: int = Field(1, ge=0, description="Put/Claim weight_version may lead the trainer's policy version "
+                              "by this.")
+    metrics_bind: str = Field("127.0.0.1", description="Where /metrics listens (the chart sets 0.0.0.0 for "
+                              "Prometheus).")
 
 
 class EndpointsConfig(_Section):
     """host:port of each service. The launcher fills these with free loopback ports."""
 
-    buffer: str = ""
-    weight_sync: str = ""
-    trainer: str = ""
-    rollout: list[str] = []
-    trainer_data: str = ""                    # trainer's weight data plane (bucketed over gRPC)
-    rendezvous: str = ""                      # torch.distributed master addr:port for trainer ranks
+    buffer: str = Field("", description="The buffer.")
+    weight_sync: str = Field("", description="The weight sync service.")
+    trainer: str = Field("", description="The trainer (rank 0).")
+    rollout: list[str] = Field([], description="The rollout replicas.")
+    trainer_data: str = Field("", description="The trainer's weight data plane (bucketed over gRPC).")
+    rendezvous: str = Field("", description="torch.distributed master addr:port for trainer ranks.")
 
 
 # issue 15: speed. Cores per local service (rlfleet/placement.py) and the fast paths' off-switches.
 class ServicePlacement(_Section):
-    """One local service's (each trainer rank's, each rollout replica's) share of the cores; None: derived."""
+    """One local service's (each trainer rank's, each rollout replica's) share of the cores; null: derived."""
 
-    cores: int | None = Field(None, ge=1)      # CPUs it is pinned to (sched_setaffinity)
-    threads: int | None = Field(None, ge=1)    # torch intra-op threads (default: its cores)
+    cores: int | None = Field(None, ge=1, description="CPUs it is pinned to (sched_setaffinity).")
+    threads: int | None = Field(None, ge=1, description="Torch intra-op threads (default: its cores).")
 
 
 class PlacementConfig(_Section):
-    pin: bool = True                           # pin each service to its cores (off: threads only)
-    trainer: ServicePlacement = ServicePlacement()
-    rollout: ServicePlacement = ServicePlacement()
-    buffer: ServicePlacement = ServicePlacement()
-    weight_sync: ServicePlacement = ServicePlacement()
+    """Cores per local service (rlfleet/placement.py)."""
+
+    pin: bool = Field(True, description="Pin each service to its cores (false: threads only).")
+    trainer: ServicePlacement = Field(ServicePlacement(), description="Each trainer rank.")
+    rollout: ServicePlacement = Field(ServicePlacement(), description="Each rollout replica.")
+    buffer: ServicePlacement = Field(ServicePlacement(), description="The buffer.")
+    weight_sync: ServicePlacement = Field(ServicePlacement(), description="The weight sync service.")
 
 
 class PerfConfig(_Section):
-    single_pass: bool = True                   # minibatches 1: old logprobs from the training forward
-    engine_fast_decode: bool = True            # torch engine: lean Llama-family decode step (fast_decode.py)
-    engine_compile: bool = False               # torch engine: torch.compile that step (needs a compiler; slow start)
+    """The fast paths' off-switches."""
+
+    single_pass: bool = Field(True, description="minibatches 1: old logprobs from the training forward.")
+    engine_fast_decode: bool = Field(True, description="torch engine: lean Llama-family decode step "
+                                     "(fast_decode.py).")
+    engine_compile: bool = Field(False, description="torch engine: torch.compile that step (needs a compiler; slow "
+                                 "start).")
+
+
+# Fields that moved; a config that still uses the old name is told where the field lives now.
+MOVED_FIELDS: dict[str, str] = {
+    "trainer.dapo_clip_high": "trainer.dapo.clip_high",
+    "trainer.gspo_clip": "trainer.gspo.clip",
+    "trainer.drgrpo_max_tokens": "trainer.drgrpo.max_tokens",
+}
 
 
 class Config(_Section):
-    run: RunConfig = RunConfig()
-    model: ModelConfig
-    rollout: RolloutConfig
-    buffer: BufferConfig = BufferConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    weight_sync: WeightSyncConfig = WeightSyncConfig()
-    eval: EvalConfig = EvalConfig()
-    dashboards: DashboardsConfig = DashboardsConfig()
-    security: SecurityConfig = SecurityConfig()
-    endpoints: EndpointsConfig = EndpointsConfig()
-    placement: PlacementConfig = PlacementConfig()
-    perf: PerfConfig = PerfConfig()
+    """A run config: one section per service."""
+
+    run: RunConfig = Field(RunConfig(), description="The run's name, folder and seed.")
+    model: ModelConfig = Field(description="The policy model.")
+    rollout: RolloutConfig = Field(description="The rollout replicas.")
+    buffer: BufferConfig = Field(BufferConfig(), description="The buffer.")
+    trainer: TrainerConfig = Field(TrainerConfig(), description="The trainer.")
+    weight_sync: WeightSyncConfig = Field(WeightSyncConfig(), description="Weight transport to the replicas.")
+    eval: EvalConfig = Field(EvalConfig(), description="Held-out evaluation.")
+    dashboards: DashboardsConfig = Field(DashboardsConfig(), description="TensorBoard and wandb.")
+    security: SecurityConfig = Field(SecurityConfig(), description="Authentication and signed weights.")
+    endpoints: EndpointsConfig = Field(EndpointsConfig(), description="Service addresses (the launcher or the "
+                                       "chart fills them).")
+    placement: PlacementConfig = Field(PlacementConfig(), description="Cores per local service.")
+    perf: PerfConfig = Field(PerfConfig(), description="Fast paths.")
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -417,7 +542,12 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = "unknown field (check the spelling)" if err["type"] == "extra_forbidden" else err["msg"]
+        if err["type"] != "extra_forbidden":
+            msg = err["msg"]
+        elif loc in MOVED_FIELDS:
+            msg = f"moved: write {MOVED_FIELDS[loc]}"
+        else:
+            msg = "unknown field (check the spelling)"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 

@@ -62,6 +62,7 @@ case "$cmd" in
     export PATH="$VENV/bin:$PATH"
     "$PY" -m ruff check .
     "$PY" scripts/gen_protos.py --check
+    "$PY" scripts/gen_config_docs.py --check     # docs/config-reference.md and the chart schema match the config
     "$PY" -m mypy                              # the whole tree but the generated stubs (pyproject [tool.mypy])
     exec "$PY" -m pytest -q -rs "$@"
     ;;

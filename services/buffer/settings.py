@@ -1,27 +1,36 @@
-"""The numbers the buffer decides with, taken from the run config."""
+"""The numbers the buffer decides with, taken from the run config (whose models hold the defaults)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from rlfleet.config import Config
+from pydantic import BaseModel
+
+from rlfleet.config import BufferConfig, Config, RolloutConfig, TrainerConfig
+
+MAX_SAMPLE_BYTES = 64 << 20
+
+
+def _default(section: type[BaseModel], name: str) -> Any:
+    return section.model_fields[name].default
 
 
 @dataclass(frozen=True)
 class BufferSettings:
-    capacity: int = 1024
-    max_staleness: int = 0
-    lease_seconds: float = 300.0
-    min_valid_per_group: int = 2
-    group_size: int = 8
-    groups_per_step: int = 8
-    publish_every: int = 1
-    steps: int = 100
-    max_sample_bytes: int = 64 << 20
-    over_sample: float = 1.0
+    capacity: int = _default(BufferConfig, "capacity")
+    max_staleness: int = _default(BufferConfig, "max_staleness")
+    lease_seconds: float = _default(BufferConfig, "lease_seconds")
+    min_valid_per_group: int = _default(BufferConfig, "min_valid_per_group")
+    group_size: int = _default(RolloutConfig, "group_size")
+    groups_per_step: int = _default(TrainerConfig, "groups_per_step")
+    publish_every: int = _default(TrainerConfig, "publish_every")
+    steps: int = _default(TrainerConfig, "steps")
+    max_sample_bytes: int = MAX_SAMPLE_BYTES
+    over_sample: float = _default(BufferConfig, "over_sample")
 
     @classmethod
-    def from_config(cls, cfg: Config, max_sample_bytes: int = 64 << 20) -> BufferSettings:
+    def from_config(cls, cfg: Config, max_sample_bytes: int = MAX_SAMPLE_BYTES) -> BufferSettings:
         b, t = cfg.buffer, cfg.trainer
         return cls(capacity=b.capacity, max_staleness=b.max_staleness, lease_seconds=b.lease_seconds,
                    min_valid_per_group=b.min_valid_per_group, group_size=cfg.rollout.group_size,

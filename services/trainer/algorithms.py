@@ -5,7 +5,7 @@
 | grpo                  | grpo                   | clipped_pg  | trainer.estimator.scale_rewards: group/batch/none |
 | rloo                  | rloo (leave-one-out)   | clipped_pg  |                                                |
 | drgrpo                | drgrpo (no std)        | drgrpo      | constant-normalised token sum                  |
-| gspo                  | grpo                   | gspo        | sequence-level ratio, trainer.gspo_clip        |
+| gspo                  | grpo                   | gspo        | sequence-level ratio, trainer.gspo.clip        |
 | ppo                   | gae                    | clipped_pg  | the critic (trainer.critic)                    |
 | reinforce_pp          | reinforce_pp           | clipped_pg  | trainer.estimator.gamma (discount)             |
 | reinforce_pp_baseline | reinforce_pp_baseline  | clipped_pg  |                                                |

@@ -9,7 +9,7 @@ Aggregation (`trainer.policy_loss.agg`, verl's `loss_agg_mode`; TRL's `loss_type
 - seq-mean-token-sum: sum over sequences of the sequence's token sum / global sequences;
 - seq-mean-token-mean: sum over sequences of the sequence's token mean / global sequences (TRL grpo);
 - seq-mean-token-sum-norm: sum over valid tokens / (global sequences * max_tokens) (Dr. GRPO, TRL dr_grpo;
-  max_tokens = trainer.drgrpo_max_tokens, 0: the batch's T).
+  max_tokens = trainer.drgrpo.max_tokens, 0: the batch's T).
 The one rule for empty responses (rows without a valid token): they add nothing to any numerator, and every
 sequence-level denominator (the seq-mean modes, GSPO) counts only rows with at least one valid token
 (`policy_loss.empty_rows: exclude`, verl's convention); `include` counts every row (TRL's). The trainer puts the global
@@ -351,7 +351,7 @@ class EntropyTerm:
 def _clipped(cfg: TrainerConfig, clip_high: float, agg: str) -> ClippedPolicyLoss:
     p: PolicyLossConfig = cfg.policy_loss
     return ClippedPolicyLoss(clip_low=cfg.clip_low, clip_high=clip_high, tis=cfg.tis, agg=p.agg or agg,
-                             max_tokens=cfg.drgrpo_max_tokens, clip_ratio_c=p.clip_ratio_c,
+                             max_tokens=cfg.drgrpo.max_tokens, clip_ratio_c=p.clip_ratio_c,
                              log_ratio_clamp=p.log_ratio_clamp, empty_rows=p.empty_rows)
 
 
@@ -360,8 +360,8 @@ def clipped_pg(cfg: TrainerConfig) -> LossFn:
 
 
 def dapo(cfg: TrainerConfig) -> LossFn:
-    """DAPO: token-level clipped loss with clip-higher (1 - clip_low, 1 + dapo_clip_high)."""
-    return _clipped(cfg, cfg.dapo_clip_high, "token-mean")
+    """DAPO: token-level clipped loss with clip-higher (1 - clip_low, 1 + dapo.clip_high)."""
+    return _clipped(cfg, cfg.dapo.clip_high, "token-mean")
 
 
 def drgrpo(cfg: TrainerConfig) -> LossFn:
@@ -373,7 +373,7 @@ def gspo(cfg: TrainerConfig) -> LossFn:
     if agg is not None and canonical_agg(agg) != "seq-mean-token-mean":
         raise ValueError(f"trainer.loss gspo aggregates seq-mean-token-mean; trainer.policy_loss.agg {agg!r} "
                          "does not apply to it")
-    return GspoLoss(clip_low=cfg.gspo_clip[0], clip_high=cfg.gspo_clip[1], tis=cfg.tis,
+    return GspoLoss(clip_low=cfg.gspo.clip[0], clip_high=cfg.gspo.clip[1], tis=cfg.tis,
                     empty_rows=cfg.policy_loss.empty_rows, log_ratio_clamp=cfg.policy_loss.log_ratio_clamp)
 
 

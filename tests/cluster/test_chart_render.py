@@ -68,6 +68,11 @@ def test_chart_lints_clean() -> None:
     ({"rollout": {"hpa": {"enabeld": True}}}, "enabeld"),
     ({"image": {"variant": "rocm"}}, "variant"),
     ({"metrics": {"port": 9500}}, "port"),
+    ({"runConfig": {"trainer": {"stepz": 3}}}, "stepz"),                      # run-config sections: the model's
+    ({"runConfig": {"rollout": {"sampling": {"top_pp": 0.9}}}}, "top_pp"),    # schema (scripts/gen_config_docs.py)
+    ({"runConfig": {"buffer": {"capacity": 0}}}, "capacity"),
+    ({"runConfig": {"weight_sync": {"transport": "carrier"}}}, "transport"),
+    ({"runConfig": {"trainer": {"dapo_clip_high": 0.3}}}, "dapo_clip_high"),
 ])
 def test_schema_refuses_misspelt_or_wrong_values(values: dict, where: str) -> None:
     import helm_python as helm

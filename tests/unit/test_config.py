@@ -69,3 +69,20 @@ def test_buffer_over_sample() -> None:
     for bad in (0.5, "lots"):
         with pytest.raises(ConfigError, match="buffer.over_sample"):
             load_config(EXAMPLE, {"buffer.over_sample": bad})
+
+
+@pytest.mark.parametrize(("old", "new", "value"), [("trainer.dapo_clip_high", "trainer.dapo.clip_high", 0.3),
+                                                  ("trainer.gspo_clip", "trainer.gspo.clip", [1e-3, 2e-3]),
+                                                  ("trainer.drgrpo_max_tokens", "trainer.drgrpo.max_tokens", 5)])
+def test_moved_per_algorithm_field_names_its_new_place(old: str, new: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"{old}: moved: write {new}"):
+        load_config(EXAMPLE, {old: value})
+    cfg = load_config(EXAMPLE, {new: value})
+    section, name = new.split(".")[1:]
+    got = getattr(getattr(cfg.trainer, section), name)
+    assert got == (tuple(value) if isinstance(value, list) else value)
+
+
+@pytest.mark.parametrize("example", sorted(p.parent.name for p in (ROOT / "examples").glob("*/config.yaml")))
+def test_every_example_config_loads(example: str) -> None:
+    load_config(ROOT / "examples" / example / "config.yaml")
