@@ -368,6 +368,10 @@ class WeightSyncConfig(_Section):
                                 "join the group.")
     group_host: str = Field("", description="broadcast: rendezvous host (\"\": the host of "
                             "endpoints.trainer_data).")
+    broadcast_op_timeout: float = Field(30.0, gt=0, description="broadcast: seconds one broadcast op may take on "
+                                        "the trainer before the group is dropped. A frozen member stalls a publish "
+                                        "this long at most; the version then goes over the gRPC stream and the "
+                                        "group re-forms without it.")
     delta_dir: str = Field("", description="disk_delta: shared folder (\"\": RUN_DIR/weights_delta).")
     delta_encoding: Literal["xor", "overwrite"] = Field("xor", description="disk_delta: changed elements as XOR "
                                                         "with the base, or their new values.")

@@ -22,7 +22,7 @@ from rlfleet.placement import plan, thread_env
 from rlfleet.plugins import load_callable
 from rlfleet.ports import free_ports
 from rlfleet.preflight import check_run
-from rlfleet.processes import Child, exit_reason
+from rlfleet.processes import Child, exit_reason, stop_together
 from rlfleet.report import MetricsTail, Progress, format_summary, reward_curve, summarize
 from rlfleet.rpc import channel, wait_healthy
 from rlfleet.scaling import ReplicaStatus, read_request, write_status
@@ -298,8 +298,10 @@ class LocalRun:
                 "partial_groups": stats.partial_groups, "tickets_in_flight": stats.tickets_in_flight}
 
     def stop(self) -> None:
-        for child in reversed(self.children):
-            child.stop()
+        """Replicas first (each hands back what it holds while the buffer still serves), then the rest at once."""
+        replicas = [c for c in self.children if c.name.startswith("rollout")]
+        stop_together(replicas)
+        stop_together([c for c in reversed(self.children) if c not in replicas])
 
 
 def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) -> RunResult:

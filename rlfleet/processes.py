@@ -70,14 +70,9 @@ class Child:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the child's whole process group, SIGKILL after grace seconds."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + grace
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+        stop_together([self], grace)
+
+    def _kill_and_close(self) -> None:
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -85,6 +80,17 @@ class Child:
                 pass
             self.proc.wait()
         self._log.close()
+
+
+def stop_together(children: Sequence[Child], grace: float = 10.0) -> None:
+    """SIGTERM every child's process group at once, wait for them all (grace seconds in all), SIGKILL the rest."""
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + grace
+    while any(c.proc.poll() is None for c in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for child in children:
+        child._kill_and_close()
 
 
 def exit_reason(code: int) -> str:

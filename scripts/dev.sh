@@ -43,9 +43,6 @@ setup_test_services() {
   if [ -f scripts/install_cluster_tools.sh ]; then
     PY="$PY" bash scripts/install_cluster_tools.sh
   fi
-  if [ -f scripts/install_sglang_cpu.sh ]; then
-    bash scripts/install_sglang_cpu.sh    # .venv-sglang for the `sglang` tests (~2 min once; a no-op after)
-  fi
 }
 
 cmd=${1:-}
@@ -58,12 +55,22 @@ case "$cmd" in
     ;;
   test)
     setup_python
+    # .venv-sglang for the `sglang` tests (~2 min once; a no-op after): its own venv, so it installs while the rest
+    # of the setup, the lint and the type check run; pytest waits for it
+    bash scripts/install_sglang_cpu.sh >"$VENV/install-sglang.log" 2>&1 &
+    sglang_setup=$!
     setup_test_services
     export PATH="$VENV/bin:$PATH"
     "$PY" -m ruff check .
     "$PY" scripts/gen_protos.py --check
     "$PY" scripts/gen_config_docs.py --check     # docs/config-reference.md and the chart schema match the config
     "$PY" -m mypy                              # the whole tree but the generated stubs (pyproject [tool.mypy])
+    if ! wait "$sglang_setup"; then
+      cat "$VENV/install-sglang.log" >&2
+      echo "dev.sh: installing .venv-sglang failed (log above)" >&2
+      exit 1
+    fi
+    cat "$VENV/install-sglang.log"
     exec "$PY" -m pytest -q -rs "$@"
     ;;
   *)

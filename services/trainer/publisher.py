@@ -80,6 +80,7 @@ class WeightPublisher:
             endpoint=self.endpoint, token=token, bucket_bytes=int(ws.bucket_mb * 2**20), chunk_bytes=ws.chunk_kb * 1024,
             control=self._control, device=self.device, rank=0, world=world, replicas=cfg.rollout.replicas,
             join_seconds=ws.join_seconds, timeout=ws.update_timeout, group_host=ws.group_host,
+            op_timeout=ws.broadcast_op_timeout,
             delta_root=_delta_root(cfg), delta_encoding=ws.delta_encoding, rebase_every=ws.rebase_every))
 
     def publish(self, version: int, step: int, state: dict[str, torch.Tensor] | ShardedState,

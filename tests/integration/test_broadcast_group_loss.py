@@ -1,6 +1,7 @@
 """The broadcast transport outlives its group: a replica SIGKILLed mid-broadcast, a member that counted itself out,
-and a replica that joins after the group formed (a restarted one) all end with every live replica holding each
-version bit for bit, over the gRPC fallback where the group cannot carry it, and a trainer that never hangs.
+a member frozen by SIGSTOP and a replica that joins after the group formed (a restarted one) all end with every live
+replica holding each version bit for bit, over the gRPC fallback while the group cannot carry it, a trainer that
+never hangs past its op timeout, and the group formed again (the next generation) with every live replica in it.
 
 Real pieces throughout: a WeightSync control plane on loopback (the peer directory), the trainer's BroadcastSender
 with its BucketedSender, gloo groups, and replica processes (or threads) running BroadcastReceiver."""
@@ -13,17 +14,15 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from datetime import timedelta
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load, save
 
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.transports.broadcast.group import Group, broadcast, join, record_left
+from services.weight_sync.transports.broadcast.group import Group, broadcast, connect, join, record_left
 from services.weight_sync.transports.broadcast.sender import BroadcastSender
 from services.weight_sync.transports.broadcast.wire import HEADER_LEN, parse
 from services.weight_sync.transports.bucketed.sender import BucketedSender
@@ -110,10 +109,16 @@ def publish(sender: BroadcastSender, version: int,
         return sender.stage(version, version, tensors(version)), str(exc)
 
 
-def _left(rendezvous: str) -> int:
-    host, _, port = rendezvous.rpartition(":")
-    store = dist.TCPStore(host, int(port), None, False, timedelta(seconds=10))
-    return int(store.add("left", 0))
+def _left(rendezvous: str, generation: int) -> int:
+    store = connect(rendezvous, 10.0)
+    return int(store.add(f"g{generation}/left", 0))
+
+
+def wait_until(predicate: object, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(240)
@@ -137,21 +142,20 @@ def test_replica_killed_mid_broadcast_then_survivors_and_a_restarted_replica_use
         # else gloo's tree hid the death from the trainer; the member that lost its child counted itself out
 
         m2, lost2 = publish(sender, 2, tensors(2))
-        assert lost1 or lost2 or "left the group" in sender.lost, "the death went unnoticed"
-        assert m2.options["members"] == "0" and m2.options["fallback"] == "bucketed" and sender.members == 0
+        assert lost1 or lost2 or sender.losses, "the death went unnoticed"
         for r in survivors:
             assert_bit_exact(r.fetch(m2), 2)
         rendezvous = plane.directory.peers("broadcast")[0].options["rendezvous"]
-        deadline = time.monotonic() + 30          # the survivors' group ended: each records leaving
-        while _left(rendezvous) < len(survivors) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _left(rendezvous) >= len(survivors)
+        wait_until(lambda: _left(rendezvous, 0) >= len(survivors), 30)   # generation 0 ended: each records it
 
         newcomer = Replica(plane.address)         # the launcher restarts the dead replica
         replicas.append(newcomer)
-        assert newcomer.conn.recv_bytes().startswith(b"outside: ")
-        m3 = sender.stage(3, 3, tensors(3))
-        assert m3.options["members"] == "0" and m3.options["fallback"] == "bucketed"
+        wait_until(lambda: sender.waiting + sender.members == 3)        # survivors and newcomer, in or waiting
+        m3, _ = publish(sender, 3, tensors(3))
+        assert sender.members == 3 and m3.options["members"] == "3" and "fallback" not in m3.options
+        assert int(m3.options["generation"]) >= 1                        # a later generation than the first
+        assert newcomer.conn.recv_bytes() in (b"member", b"outside: the trainer formed the broadcast group "
+                                              b"without this replica")
         for r in [*survivors, newcomer]:
             assert_bit_exact(r.fetch(m3), 3)
     finally:
@@ -183,14 +187,14 @@ def test_member_that_left_makes_the_next_version_go_over_the_fallback() -> None:
 
     plane = ControlPlane()
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 2,
-                             join_seconds=30)
+                             join_seconds=30, reform_seconds=2.0)
     member = BroadcastReceiver(plane.directory.peers, join_seconds=30)
     rendezvous = plane.directory.peers("broadcast", 1, 10.0)[0].options["rendezvous"]
     bare: dict[str, object] = {}
     staged = threading.Event()
 
     def leaver() -> None:
-        group = join(rendezvous, torch.device("cpu"), 30.0, 3600.0)
+        group = join(connect(rendezvous, 30.0), torch.device("cpu"), 3600.0, 30.0)
         assert group is not None
         bare["version"] = _consume_version(group)
         staged.wait(30)                               # leaving before version 1 is staged would lose version 1
@@ -206,26 +210,30 @@ def test_member_that_left_makes_the_next_version_go_over_the_fallback() -> None:
     try:
         m1 = sender.stage(1, 1, tensors(1, 4))
         staged.set()
-        assert m1.options == {"members": "2"} and member.wait_joined(10)
+        assert m1.options == {"members": "2", "generation": "0"} and member.wait_joined(10)
         assert_bit_exact(member.fetch(m1, None, 30.0), 1, 4)
-        deadline = time.monotonic() + 30
-        while "recorded" not in bare and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert bare.get("version") == 1 and bare.get("recorded")
+        wait_until(lambda: "recorded" in bare, 30)
+        assert bare.get("version") == 1
         m2 = sender.stage(2, 2, tensors(2, 4))        # no GroupLost: nothing was sent before the check
-        assert m2.options == {"members": "0", "fallback": "bucketed"} and "1 member(s) left" in sender.lost
-        assert_bit_exact(member.fetch(m2, None, 30.0), 2, 4)
+        assert sender.losses and "1 member(s) left" in sender.losses[0]
+        assert m2.options.get("fallback") == "bucketed"    # to the gRPC stream (and, had the member rejoined in
+        assert_bit_exact(member.fetch(m2, None, 30.0), 2, 4)   # time, to the next generation)
         thread.join(60)                               # dropping the group ended the wait (not the 3600 s op timeout)
         assert "ended" in bare and not thread.is_alive()
+        wait_until(lambda: sender.members + sender.waiting == 1)        # the member, in the next generation or waiting
+        m3 = sender.stage(3, 3, tensors(3, 4))        # the leaver never comes back: formed with the member alone
+        assert sender.members == 1 and int(m3.options["generation"]) >= 1 and member.generation >= 1
+        assert_bit_exact(member.fetch(m3, None, 30.0), 3, 4)
     finally:
         sender.close()
         plane.close()
 
 
 @pytest.mark.timeout(120)
-def test_replica_joining_after_formation_gets_the_fallback_while_the_group_lives() -> None:
-    """A restarted replica takes a rank past the group: the trainer stages the gRPC fallback beside the broadcast.
-    A members-0 manifest is fetched over gRPC at once, even by a member whose group is alive."""
+def test_replica_joining_after_formation_is_taken_into_the_next_generation() -> None:
+    """A restarted (or added) replica waits in the open generation; the next stage ends the live group with REFORM,
+    and both replicas receive that version in the next generation. A members-0 manifest is fetched over gRPC at
+    once, even by a member whose group is alive."""
     from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
     plane = ControlPlane()
@@ -234,14 +242,15 @@ def test_replica_joining_after_formation_gets_the_fallback_while_the_group_lives
     member = BroadcastReceiver(plane.directory.peers, join_seconds=30)
     try:
         m1 = sender.stage(1, 1, tensors(1, 8))
-        assert m1.options == {"members": "1"} and member.wait_joined(10)
+        assert m1.options == {"members": "1", "generation": "0"} and member.wait_joined(10)
         assert_bit_exact(member.fetch(m1, None, 30.0), 1, 8)
         restarted = BroadcastReceiver(plane.directory.peers, join_seconds=30)
-        assert not restarted.wait_joined(30) and "without this replica" in restarted.dead
+        wait_until(lambda: sender.waiting == 1, 30)
         m2 = sender.stage(2, 2, tensors(2, 8))
-        assert m2.options == {"members": "1", "fallback": "bucketed"}
-        assert_bit_exact(member.fetch(m2, None, 30.0), 2, 8)           # from the group
-        assert_bit_exact(restarted.fetch(m2, None, 30.0), 2, 8)        # from the gRPC stream
+        assert m2.options == {"members": "2", "generation": "1"} and sender.waiting == 0
+        assert_bit_exact(member.fetch(m2, None, 30.0), 2, 8)
+        assert_bit_exact(restarted.fetch(m2, None, 30.0), 2, 8)
+        assert member.generation == restarted.generation == 1
         staged = sender.fallback.stage(3, 3, tensors(3, 8))          # served by gRPC only, never broadcast
         m3 = weights_pb2.WeightManifest()
         m3.CopyFrom(staged)
@@ -249,7 +258,58 @@ def test_replica_joining_after_formation_gets_the_fallback_while_the_group_lives
         m3.options.update({"members": "0", "fallback": "bucketed"})
         assert member.member and not member.dead
         assert_bit_exact(member.fetch(m3, None, 3600.0), 3, 8)          # waiting on the group would hang here
-        assert sender.members == 1
+        assert sender.members == 2
     finally:
+        sender.close()
+        plane.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_frozen_member_stalls_a_publish_only_op_timeout_then_rejoins() -> None:
+    """A member SIGSTOPped between versions: the trainer's broadcast of the next (16 MB) version fails after its op
+    timeout, the version goes over the gRPC stream, the group re-forms with the live replica, and after SIGCONT the
+    frozen one counts itself out of the dead generation and is taken into the next."""
+    plane = ControlPlane()
+    op_timeout = 3.0
+    sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET * 64), plane.directory.register, 2,
+                             join_seconds=60, op_timeout=op_timeout, reform_seconds=2.0)
+    replicas = [Replica(plane.address) for _ in range(2)]
+    frozen, live = replicas
+    big = 4000                                  # 16 MB: far past what the sockets buffer
+
+    def named(version: int) -> list[tuple[str, torch.Tensor]]:
+        g = torch.Generator().manual_seed(version)
+        return [(f"w{i}", torch.randn(big, 1000, generator=g)) for i in range(1)]
+
+    def exact(got: list[tuple[str, torch.Tensor]], version: int) -> None:
+        assert [(n, torch.equal(t, w)) for (n, t), (_, w) in zip(got, named(version), strict=True)] == \
+            [(n, True) for n, _ in named(version)]
+
+    try:
+        m1, _ = publish(sender, 1, named(1))
+        assert m1.options["members"] == "2" and all(r.conn.recv_bytes() == b"member" for r in replicas)
+        for r in replicas:
+            exact(r.fetch(m1), 1)
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            m2 = sender.stage(2, 2, named(2))
+        except GroupLost:
+            m2 = sender.stage(2, 2, named(2))       # what the publisher does: the version once more
+        stalled = time.monotonic() - t0
+        assert stalled < op_timeout + 2.0 + 15.0, stalled     # op timeout + reform wait + the copies, not 120 s
+        assert sender.losses and m2.options.get("fallback") == "bucketed"
+        exact(live.fetch(m2), 2)
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+        wait_until(lambda: sender.members + sender.waiting == 2, 60)   # both in or waiting for the next generation
+        m3, _ = publish(sender, 3, named(3))
+        assert sender.members == 2 and "fallback" not in m3.options
+        exact(frozen.fetch(m2), 2)                  # the frozen one catches up over the gRPC stream ...
+        for r in replicas:
+            exact(r.fetch(m3), 3)                   # ... and takes version 3 from the group with the other
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+        for r in replicas:
+            r.close()
         sender.close()
         plane.close()

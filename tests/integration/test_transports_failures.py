@@ -190,7 +190,8 @@ def test_corrupted_delta_file_keeps_previous_version(tmp_path: Path, encoding: s
 
 
 def test_broadcast_replica_outside_the_group_uses_the_grpc_stream() -> None:
-    """A replica that cannot join (the trainer formed the group without it) fetches the same bytes over gRPC."""
+    """A replica that was not there when the group formed fetches the same bytes over gRPC, waits in the next
+    generation, and the next version reaches it through the group."""
     from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
     from services.weight_sync.transports.broadcast.sender import BroadcastSender
     from services.weight_sync.transports.bucketed.sender import BucketedSender
@@ -202,9 +203,15 @@ def test_broadcast_replica_outside_the_group_uses_the_grpc_stream() -> None:
         manifest = sender.stage(1, 1, tensors(1))               # nobody joined: fallback only
         assert manifest.options["fallback"] == "bucketed" and sender.members == 0
         receiver = BroadcastReceiver(plane.directory.peers, join_seconds=10)
-        assert not receiver.wait_joined(60) and "without this replica" in receiver.dead
+        deadline = time.monotonic() + 60
+        while sender.waiting < 1:
+            assert time.monotonic() < deadline, "the late replica did not wait for the next generation"
+            time.sleep(0.05)
         got = receiver.fetch(manifest, None, 30.0, "late")
-        assert digest_of(got) == manifest.digest
+        assert digest_of(got) == manifest.digest and receiver.from_stream == 1
+        m2 = sender.stage(2, 2, tensors(2))
+        assert m2.options == {"members": "1", "generation": "1"}
+        assert digest_of(receiver.fetch(m2, None, 30.0, "late")) == m2.digest and receiver.from_group == 1
     finally:
         sender.close()
         plane.close()

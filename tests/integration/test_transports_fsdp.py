@@ -185,7 +185,8 @@ def test_broadcast_replica_bit_identical_after_three_updates(run: tuple[Path, di
     from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
     receiver = run[1]["broadcast"].receivers.receivers["broadcast"]
-    assert isinstance(receiver, BroadcastReceiver) and receiver.member    # it came through the group, not the fallback
+    assert isinstance(receiver, BroadcastReceiver)
+    assert receiver.from_group == 4 and receiver.from_stream == 0   # every version came through the group
 
 
 def test_disk_delta_replica_bit_identical_after_three_updates(run: tuple[Path, dict[str, Replica]]) -> None:

@@ -68,6 +68,7 @@ class SenderSetup:
     join_seconds: float = 120.0
     timeout: float = 600.0
     group_host: str = ""             # broadcast: the rendezvous host ("" = endpoint's host)
+    op_timeout: float = 30.0         # broadcast: seconds one op may take on the trainer before the group is dropped
     delta_root: Path = Path("weights_delta")
     delta_encoding: str = "xor"
     rebase_every: int = 50

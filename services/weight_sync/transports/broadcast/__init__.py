@@ -16,7 +16,7 @@ def make_sender(setup: SenderSetup) -> Sender:
     host = setup.group_host or setup.endpoint.rpartition(":")[0] or "127.0.0.1"
     return BroadcastSender(make_stream(setup), PeerDirectory(setup.control).register, setup.replicas,
                            rendezvous_host=host, device=setup.device, join_seconds=setup.join_seconds,
-                           timeout=setup.timeout)
+                           timeout=setup.timeout, op_timeout=setup.op_timeout)
 
 
 def make_receiver(setup: ReceiverSetup) -> Receiver:

@@ -1,13 +1,17 @@
-"""Receive side of the broadcast transport: a thread that stays in the group and keeps the last versions received.
+"""Receive side of the broadcast transport: a thread that keeps the replica in the trainer's group, generation after
+generation (group.py), and keeps the last versions received.
 
 The trainer broadcasts a version *before* it publishes the manifest, so the replica receives while it generates;
 `fetch(manifest)` then waits for that version's bytes, checks every hash against the manifest and returns tensors.
 A broken stream (trainer or another member died mid-broadcast, a bucket missing) marks that version failed with the
-reason and ends the group: this replica records leaving in the rendezvous store (the trainer may not have noticed:
-gloo broadcasts along a tree) and drops its side, so the members downstream of it fail at once too. Nothing of a
-failed version is returned from the group; it and every later version come over the gRPC stream when the manifest
-offers it (`fallback: bucketed`). A manifest with `members: "0"` was sent to no group: it is fetched over the gRPC
-stream at once, without waiting on the group.
+reason and ends this replica's membership: it records leaving in the rendezvous store (the trainer may not have
+noticed: gloo broadcasts along a tree), drops its side, so the members downstream of it fail at once too, and joins
+the next generation. A REFORM header (the trainer is taking waiting replicas in) ends the membership the same way,
+without a failure. Nothing of a failed version is returned from the group; a version sent to a generation this
+replica is not in (manifest option `generation`) comes over the gRPC stream when the manifest offers it
+(`fallback: bucketed`). A manifest with `members: "0"` was sent to no group: it is fetched over the gRPC stream at
+once. When the trainer closes the group or its store goes away (a trainer restart), the replica looks the
+rendezvous up again and joins the new trainer's first generation.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from rlfleet.security.identity import Credential
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
@@ -26,12 +31,14 @@ from services.weight_sync.transports.broadcast.group import (
     PEER_ID,
     TRANSPORT,
     Group,
+    await_group,
     broadcast,
+    connect,
     drop,
-    join,
     record_left,
+    take_rank,
 )
-from services.weight_sync.transports.broadcast.wire import CLOSE, HEADER_LEN, parse
+from services.weight_sync.transports.broadcast.wire import CLOSE, HEADER_LEN, REFORM, parse
 from services.weight_sync.transports.bucketed.receiver import fetch as fetch_bucketed
 from services.weight_sync.transports.bucketed.receiver import unpack
 from services.weight_sync.transports.errors import WeightTransferError
@@ -56,40 +63,74 @@ class BroadcastReceiver:
         self._cond = threading.Condition()
         self._received: OrderedDict[int, torch.Tensor] = OrderedDict()   # version -> flat [total_bytes] uint8
         self._failed: dict[int, str] = {}
-        self.member = False
-        self.dead = ""                # why the group ended ("" while alive or never joined)
+        self.member = False           # in a group now
+        self.generation = -1          # the generation of the group this replica is (or was last) in
+        self._pending = -1            # the generation it took a rank in and waits to see formed
+        self.from_group = 0           # versions fetched from the group
+        self.from_stream = 0          # versions fetched over the gRPC stream
+        self.dead = ""                # why this replica is outside a group now ("" while a member or not yet joined)
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="broadcast-receiver", daemon=True)
         self._thread.start()
 
     # --- group thread ----------------------------------------------------------------------------------------------
     def _run(self) -> None:
-        try:
-            found: list[weight_sync_pb2.PeerInfo] = []
-            while not found:                 # the trainer may start after the replicas: wait as long as it takes
-                found = [p for p in self._peers(TRANSPORT, 1, 30.0) if p.peer_id == PEER_ID]
-            group = join(found[0].options["rendezvous"], self.device, self._join_seconds, self._op_timeout)
-        except Exception as exc:  # noqa: BLE001 - not joining means the gRPC fallback, not a crash
-            self._end(f"could not join the broadcast group: {type(exc).__name__}: {exc}")
-            return
-        if group is None:
-            self._end("the trainer formed the broadcast group without this replica")
-            return
-        with self._cond:
-            self.member = True
-            self._cond.notify_all()
-        log.info("joined the broadcast group as rank %d of %d", group.rank, group.size)
-        self._receive_loop(group)
+        done = ""                              # the rendezvous of a trainer that closed its group or went away
+        while not self._closed.is_set():
+            rendezvous = ""
+            try:
+                rendezvous = self._find(done)
+                self._generations(connect(rendezvous, self._join_seconds))
+            except Exception as exc:  # noqa: BLE001 - not joining means the gRPC fallback, not a crash
+                if self._closed.is_set():
+                    return
+                self._end(f"outside the broadcast group: {type(exc).__name__}: {exc}")
+                self._closed.wait(1.0)
+            done = rendezvous or done
 
-    def _receive_loop(self, group: Group) -> None:
+    def _find(self, done: str) -> str:
+        """The rendezvous of the trainer registered now (the trainer may start after the replicas: as long as it
+        takes), other than one that closed or went away."""
+        while True:
+            found = [p for p in self._peers(TRANSPORT, 1, 30.0)
+                     if p.peer_id == PEER_ID and p.options["rendezvous"] != done]
+            if found:
+                return found[0].options["rendezvous"]
+            if self._closed.wait(1.0):
+                raise RuntimeError("closed")
+
+    def _generations(self, store: dist.Store) -> None:
+        """Join generation after generation of one trainer's group; returns when the trainer closed it."""
+        while True:
+            gen, rank = take_rank(store)
+            with self._cond:
+                self._pending = gen
+            group = await_group(store, gen, rank, self.device, self._op_timeout, self._op_timeout)
+            with self._cond:
+                self._pending = -1
+                if group is not None:
+                    self.member, self.dead, self.generation = True, "", gen
+                self._cond.notify_all()
+            if group is None:
+                self._end("the trainer formed the broadcast group without this replica")
+                continue
+            log.info("joined broadcast group %d as rank %d of %d", gen, group.rank, group.size)
+            if self._receive_loop(group) == "closed":
+                return
+
+    def _receive_loop(self, group: Group) -> str:
+        """Receive versions until the group ends: "closed" (the trainer closed it), "reform" or "broken"."""
         while True:
             version, got, total = -1, 0, 0
             try:
                 header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
                 broadcast(group, header).wait()
                 version, nb = int(header[1]), int(header[2])
-                if version == CLOSE:
-                    self._end("the trainer closed the broadcast group")
-                    return
+                if version in (CLOSE, REFORM):
+                    drop(group)
+                    self._end("the trainer closed the broadcast group" if version == CLOSE
+                              else "the trainer re-forms the broadcast group")
+                    return "closed" if version == CLOSE else "reform"
                 table = torch.empty(2 * nb, dtype=torch.int64, device=self.device)
                 broadcast(group, table).wait()
                 h = parse(header.cpu(), table.cpu())
@@ -107,7 +148,7 @@ class BroadcastReceiver:
                     if version >= 0:
                         self._failed[version] = reason
                 self._end(reason)
-                return
+                return "broken"
             with self._cond:
                 self._received[version] = flat.cpu()
                 while len(self._received) > KEEP:
@@ -117,11 +158,12 @@ class BroadcastReceiver:
     def _end(self, reason: str) -> None:
         log.warning("broadcast group: %s", reason)
         with self._cond:
-            self.dead = reason
+            self.member, self.dead = False, reason
             self._cond.notify_all()
 
     def close(self) -> None:
-        """The membership ends with the process (the daemon thread leaves the group when the trainer drops it)."""
+        """Stop looking for groups to join (a membership in progress ends with the process or the trainer's drop)."""
+        self._closed.set()
 
     # --- fetch ------------------------------------------------------------------------------------------------------
     def wait_joined(self, timeout: float) -> bool:
@@ -136,19 +178,23 @@ class BroadcastReceiver:
         layout = checked_layout(manifest, TRANSPORT)
         deadline = time.monotonic() + timeout
         sent_to_group = manifest.options.get("members") != "0"
+        gen = int(manifest.options.get("generation", "0"))
+
+        def settled() -> bool:          # received, failed, or this replica is in no position to receive it
+            if version in self._received or version in self._failed:
+                return True
+            return not ((self.member and self.generation == gen) or self._pending == gen)
+
         with self._cond:
             if sent_to_group:
-                self._cond.wait_for(lambda: self.member or bool(self.dead), max(0.0, deadline - time.monotonic()))
-                if self.member:
-                    self._cond.wait_for(
-                        lambda: version in self._received or version in self._failed or bool(self.dead),
-                        max(0.0, deadline - time.monotonic()))
+                self._cond.wait_for(settled, max(0.0, deadline - time.monotonic()))
             flat = self._received.get(version)
             failed = self._failed.get(version)
         if flat is not None:
             if flat.numel() != layout.total_bytes:
                 raise WeightTransferError(version, f"received {flat.numel()} bytes, manifest lays out "
                                                    f"{layout.total_bytes}")
+            self.from_group += 1
             return unpack(manifest, layout, flat)
         if not sent_to_group:
             reason = "the trainer sent this version to no group"
@@ -159,5 +205,7 @@ class BroadcastReceiver:
             fb.CopyFrom(manifest)
             fb.transport = "bucketed"
             log.info("version %d over the gRPC stream (%s)", version, reason)
-            return fetch_bucketed(fb, token, max(1.0, deadline - time.monotonic()), replica_id)
+            got = fetch_bucketed(fb, token, max(1.0, deadline - time.monotonic()), replica_id)
+            self.from_stream += 1
+            return got
         raise WeightTransferError(version, reason)

@@ -5,11 +5,15 @@ per-parameter all-gathers happen on all ranks. Per version: header, bucket table
 is complete (double-buffered: bucket i is on the wire while bucket i+1 is gathered and copied). Replicas that are
 not in the group get the same buckets from the gRPC stream (a BucketedSender on the same machine) instead.
 
-Losing the group: a broadcast op that fails (a member died) drops the group, the rest of the tensors are still read
-(the gathers are collectives the other trainer ranks are in) without being sent, and `stage` raises GroupLost: the
-caller stages the version again. A member that recorded leaving (group.py) drops the group at the next `stage`.
-Without a group every version goes to every replica over the gRPC stream (manifest options `members: "0"`,
-`fallback: bucketed`); a replica that joined after the group formed (a restarted one) gets the gRPC stream as well.
+Losing the group: a broadcast op that fails (a member died, or stalled past `op_timeout`) drops the group, the rest
+of the tensors are still read (the gathers are collectives the other trainer ranks are in) without being sent, and
+`stage` raises GroupLost: the caller stages the version again. A member that recorded leaving (group.py) drops the
+group at the next `stage`. The group comes back: a `stage` that finds replicas waiting in the open generation (the
+survivors of a dropped group, a restarted or added replica, one that did not fit) forms the next generation first;
+a live group is ended with a REFORM header so its members join the next one too, and the trainer waits up to
+`reform_seconds` for the members it expects. Without a group a version goes to every replica over the gRPC stream
+(manifest options `members: "0"`, `fallback: bucketed`); while any replica waits outside the group the stream is
+staged beside the broadcast. Manifests sent to a group name its `generation`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from services.weight_sync.transports.broadcast.group import (
     broadcast,
     drop,
 )
-from services.weight_sync.transports.broadcast.wire import CLOSE, header_tensor, table_tensor
+from services.weight_sync.transports.broadcast.wire import CLOSE, REFORM, header_tensor, table_tensor
 from services.weight_sync.transports.bucketed.sender import BucketedSender, StagedVersion
 from services.weight_sync.transports.errors import GroupLost
 from services.weight_sync.transports.fill import BucketFiller, emission_order
@@ -49,22 +53,32 @@ class BroadcastSender:
 
     def __init__(self, fallback: BucketedSender, register: Callable[[weight_sync_pb2.PeerInfo], None],
                  expected_replicas: int, rendezvous_host: str = "127.0.0.1", rendezvous_port: int = 0,
-                 device: torch.device | str = "cpu", join_seconds: float = 60.0, timeout: float = 600.0) -> None:
+                 device: torch.device | str = "cpu", join_seconds: float = 60.0, timeout: float = 600.0,
+                 op_timeout: float | None = None, reform_seconds: float = 10.0) -> None:
         self.fallback = fallback
         self.bucket_bytes = fallback.bucket_bytes
         self.device = torch.device(device)
         self.join_seconds = join_seconds
-        self._rdv = TrainerRendezvous(rendezvous_host, rendezvous_port, expected_replicas, self.device, timeout)
+        self.reform_seconds = reform_seconds
+        self._rdv = TrainerRendezvous(rendezvous_host, rendezvous_port, expected_replicas, self.device, timeout,
+                                      op_timeout)
+        self._last_members = 0          # members of the last group formed (whom a re-formed group waits for)
         self._pool: list[torch.Tensor] = []       # bucket buffers reused across versions
         self._group: Group | None = None
         self._formed = False
         self.lost = ""                  # why the group was dropped ("" while it lives or before it formed)
+        self.losses: list[str] = []     # every drop's reason, oldest first
         register(weight_sync_pb2.PeerInfo(peer_id=PEER_ID, transport=TRANSPORT, options={
             "rendezvous": self._rdv.address, "expected": str(expected_replicas), "device": self.device.type}))
 
     @property
     def endpoint(self) -> str:
         return self.fallback.endpoint
+
+    @property
+    def waiting(self) -> int:
+        """Replicas waiting outside the group for the next generation (the next stage takes them in)."""
+        return self._rdv.waiting()
 
     @property
     def members(self) -> int:
@@ -77,23 +91,25 @@ class BroadcastSender:
         group broke on the way: every tensor has been read all the same, and nothing of this version is staged."""
         if not self._formed:
             self._formed = True
-            try:
-                self._group = self._rdv.form(self.join_seconds)
-            except Exception as exc:  # noqa: BLE001 - a replica died between taking a rank and connecting
-                self.lost = f"the broadcast group did not form: {_why(exc)}"
-                log.warning("%s; every replica gets the weights over the gRPC stream", self.lost)
-        left = self._rdv.left() if self._group is not None else 0
-        if left:
-            self._drop(f"{left} member(s) left the group")
+            self._form(self._rdv.expected, self.join_seconds)
+        elif self._group is not None and self._rdv.left(self._group):
+            self._drop(f"{self._rdv.left(self._group)} member(s) left the group")
+        waiting = self._rdv.waiting()
+        if waiting and self._group is not None:           # take them in: this generation's members move too
+            want = self.members + waiting
+            self._reform()
+            self._form(want, self.reform_seconds)
+        elif waiting:                                     # after a drop: wait a little for the members it had
+            self._form(max(waiting, self._last_members), self.reform_seconds)
         specs, tensors = materialize(named_tensors)
         layout = plan(specs, self.bucket_bytes)
         group = self._group
-        need_fallback = group is None or self.members < self._rdv.expected or self._rdv.joined() > self.members
+        need_fallback = group is None or self.members < self._rdv.expected or self._rdv.waiting() > 0
         flat: np.ndarray | None = np.zeros(layout.total_bytes, dtype=np.uint8) if need_fallback else None
         filler = BucketFiller(layout, specs, group.device if group else "cpu", self._pool)
         source = iter(tensors)
         broken = self._send(group, version, layout, filler, source, flat)
-        left = self._rdv.left() if group is not None and not broken else 0
+        left = self._rdv.left(group) if group is not None and not broken else 0
         if left:                              # a member that a tree broadcast hid from us broke off on the way
             broken = f"{left} member(s) left the group during the broadcast"
         if broken:
@@ -103,6 +119,8 @@ class BroadcastSender:
                 pass
             raise GroupLost(version, broken)
         options = {"members": str(self.members)}
+        if group is not None:
+            options["generation"] = str(group.generation)
         if flat is not None:
             options["fallback"] = "bucketed"
         manifest = build_manifest(version, step, TRANSPORT, self.endpoint, layout, specs, filler.hashes, options)
@@ -160,12 +178,36 @@ class BroadcastSender:
         finally:
             filled.close()
 
+    def _form(self, want: int, wait_seconds: float) -> None:
+        try:
+            self._group = self._rdv.form(want, wait_seconds)
+        except Exception as exc:  # noqa: BLE001 - a replica died between taking a rank and connecting
+            self._group = None
+            self.lost = f"the broadcast group did not form: {_why(exc)}"
+            log.warning("%s; every replica gets the weights over the gRPC stream", self.lost)
+            return
+        if self._group is not None:
+            self._last_members = self.members
+            self.lost = ""
+
+    def _reform(self) -> None:
+        """End the live generation with a REFORM header; its members join the open one."""
+        assert self._group is not None
+        try:
+            broadcast(self._group, header_tensor(REFORM, 0, 0).to(self._group.device)).wait()
+        except Exception as exc:  # noqa: BLE001 - the group is gone anyway
+            log.info("ending broadcast group %d: %s", self._group.generation, _why(exc))
+        drop(self._group)
+        self._group = None
+
     def _drop(self, why: str) -> None:
         if self._group is not None:
-            log.warning("broadcast group dropped (%s): every replica gets later versions over the gRPC stream", why)
+            log.warning("broadcast group %d dropped (%s): the gRPC stream serves until the next generation forms",
+                        self._group.generation, why)
             drop(self._group)
             self._group = None
             self.lost = why
+            self.losses.append(why)
 
     def close(self) -> None:
         if self._group is not None:

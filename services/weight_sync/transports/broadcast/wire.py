@@ -8,6 +8,7 @@ import torch
 
 MAGIC = 0x524C464C          # "RLFL"
 CLOSE = -1                  # version in a header that ends the group (trainer shutting down)
+REFORM = -2                 # version in a header that ends this generation: members join the next (group.py)
 HEADER_LEN = 4              # [MAGIC, version, num_buckets, total_bytes]
 
 
