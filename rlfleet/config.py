@@ -86,6 +86,21 @@ class DataConfig(_Section):
         return self
 
 
+class OpenAIEndpointConfig(_Section):
+    """rollout.openai: each replica serves /v1/chat/completions and /v1/completions from its engine (issue 12)."""
+
+    enabled: bool = Field(False, description="serve the OpenAI-compatible HTTP endpoint on every rollout replica")
+    bind: str = Field("127.0.0.1", description="host the endpoint listens on (loopback: only this machine)")
+    port: int = Field(0, ge=0, le=65535, description="replica i listens on port+i; 0: a free port (the replica "
+                      "writes its address to RUN_DIR/openai/<replica>.json)")
+    api_key_file: str | None = Field(None, description="mtls mode: the API key clients send as a bearer token "
+                                     "(0600); default RUN_DIR/pki/openai-api.key, made by rlfleet run. token mode: "
+                                     "the run token; none: no key")
+    max_sessions: int = Field(4096, ge=1, description="TITO sessions held at once; the least recently used "
+                              "beyond this are dropped")
+    request_timeout: float = Field(600.0, gt=0, description="seconds a completion may take before it fails (504)")
+
+
 class RolloutConfig(_Section):
     replicas: int = Field(1, ge=1)
     engine: Literal["torch", "sglang"] = "torch"
@@ -109,6 +124,7 @@ class RolloutConfig(_Section):
     # on SIGTERM (scaled away, pod deleted): stop claiming, let the groups in flight finish for up to this many
     # seconds, then hand the rest back to the buffer (re-queued at once) and exit
     drain_seconds: float = Field(30.0, ge=0)
+    openai: OpenAIEndpointConfig = OpenAIEndpointConfig()
 
 
 class BufferConfig(_Section):

@@ -20,8 +20,9 @@ class ServiceContext:
     """Implements rlfleet.protocols.RolloutContext for one replica. run_seed makes per-sample seeds reproducible."""
 
     def __init__(self, replica_id: str, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                 scorer: Scorer, run_seed: int = 0) -> None:
+                 scorer: Scorer, run_seed: int = 0, openai: Any | None = None) -> None:
         self.run_seed = run_seed
+        self.openai = openai          # OpenAIEndpoint when rollout.openai.enabled (services/rollout/openai_api)
         self.replica_id = replica_id
         self.engine = engine
         self.tokenizer = tokenizer
