@@ -99,6 +99,9 @@ class OpenAIEndpointConfig(_Section):
     max_sessions: int = Field(4096, ge=1, description="TITO sessions held at once; the least recently used "
                               "beyond this are dropped")
     request_timeout: float = Field(600.0, gt=0, description="seconds a completion may take before it fails (504)")
+    gateway_port: int = Field(0, ge=0, le=65535, description="rlfleet run also serves one entry point on bind:this "
+                              "port that sends every request of a session to one replica (0: a free port; its "
+                              "address is written to RUN_DIR/openai_gateway.json)")
 
 
 class RolloutConfig(_Section):

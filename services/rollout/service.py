@@ -110,8 +110,8 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
                             verifier=weight_verifier(cfg.security))
     sampling = sampling_from_config(cfg.rollout.sampling)
     try:
-        http = start_openai_endpoint(cfg, args.token, index, replica_id, engine, tokenizer, sampling) \
-            if cfg.rollout.openai.enabled else None
+        http = start_openai_endpoint(cfg, args.token, index, replica_id, _grpc_endpoint(cfg, index, args.listen),
+                                     engine, tokenizer, sampling) if cfg.rollout.openai.enabled else None
     except (ConfigError, OSError) as exc:
         print(f"rollout: {' '.join(str(exc).split())}", file=sys.stderr)
         engine.shutdown()
@@ -189,6 +189,13 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
         log.info("terminated by SIGTERM; unfinished groups are re-queued by the buffer when their lease expires")
         return 143
     return 0 if finished else 1
+
+
+def _grpc_endpoint(cfg: Config, index: int, listen: str | None) -> str:
+    """Where callers reach this replica's gRPC server (what the OpenAI gateway's router health-checks)."""
+    address = listen or (cfg.endpoints.rollout[index] if index < len(cfg.endpoints.rollout) else "")
+    host, _, port = address.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "") else address
 
 
 def transport_receivers(cfg: Config, engine: Engine, replica_id: str, ws_channel: grpc.Channel) -> TransportReceivers:

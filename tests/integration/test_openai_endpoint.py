@@ -28,6 +28,7 @@ from services.rollout.openai_api.sessions import SessionStore
 from services.trainer.algorithms import resolve
 from services.trainer.batch import build_train_batch, forward_logprobs
 from services.trainer.step import StepContext, train_step
+from tests.support.calculator_model import calculator_model_dir
 
 torch.set_num_threads(1)
 KEY = "test-openai-key"
@@ -36,11 +37,7 @@ QUESTION = "37*58"
 
 @pytest.fixture(scope="module")
 def calculator_model() -> Path:
-    from examples.calculator.warm_start import SFT_STEPS, prepare
-
-    path = Path.home() / ".cache" / "rlfleet" / f"calculator-warm-start-{SFT_STEPS}"
-    prepare(str(path), seed=0)
-    return path
+    return calculator_model_dir()
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Start a replica's OpenAI endpoint from the run config, and say where it is: RUN_DIR/openai/<replica>.json holds
-{replica_id, base_url, rollout} (the replica's gRPC endpoint, which the gateway's router health-checks)."""
+{replica_id, base_url, rollout} (the replica's gRPC endpoint, which the gateway's router health-checks); and the
+run's gateway in front of every replica (started by `rlfleet run`)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config
 from rlfleet.protocols import SamplingParams
 from rlfleet.security.identity import Credential
+from rlfleet.security.pki import CA_CERT
 from services.rollout.engines.base import Engine
 from services.rollout.openai_api.app import AppSettings, OpenAIApp
-from services.rollout.openai_api.credentials import api_key, tls_files
+from services.rollout.openai_api.credentials import LOOPBACK, api_key, tls_files
 from services.rollout.openai_api.endpoint import OpenAIEndpoint
+from services.rollout.openai_api.gateway import OpenAIGateway, Routes, replicas_in
 from services.rollout.openai_api.server import OpenAIServer
 from services.rollout.openai_api.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
 ADDRESS_DIR = "openai"
+GATEWAY_FILE = "openai_gateway.json"
 
 
 def model_context(model_path: Path) -> int | None:
@@ -45,8 +49,8 @@ class ReplicaEndpoint:
         self.address_file.unlink(missing_ok=True)
 
 
-def start_openai_endpoint(cfg: Config, credential: Credential, index: int, replica_id: str, engine: Engine,
-                          tokenizer: Any, sampling: SamplingParams) -> ReplicaEndpoint:
+def start_openai_endpoint(cfg: Config, credential: Credential, index: int, replica_id: str, grpc_endpoint: str,
+                          engine: Engine, tokenizer: Any, sampling: SamplingParams) -> ReplicaEndpoint:
     """ConfigError when the key cannot be read; OSError when the port cannot be bound."""
     oc = cfg.rollout.openai
     key = api_key(cfg, credential)
@@ -58,9 +62,21 @@ def start_openai_endpoint(cfg: Config, credential: Credential, index: int, repli
                           tls=tls_files(cfg, replica_id)).start()
     address_file = cfg.run_dir / ADDRESS_DIR / f"{replica_id}.json"
     address_file.parent.mkdir(parents=True, exist_ok=True)
-    grpc_endpoint = cfg.endpoints.rollout[index] if index < len(cfg.endpoints.rollout) else ""
     write_text_atomic(address_file, json.dumps({"replica_id": replica_id, "base_url": server.base_url,
                                                 "rollout": grpc_endpoint}))
     log.info("replica %s serves the OpenAI API at %s (%s)", replica_id, server.base_url,
              "no key" if key is None else "bearer key")
     return ReplicaEndpoint(server, OpenAIEndpoint(server.base_url, key or "none", store), address_file)
+
+
+def start_gateway(cfg: Config, credential: Credential) -> OpenAIGateway:
+    """The run's entry point over RUN_DIR/openai/*.json; its address goes to RUN_DIR/openai_gateway.json."""
+    oc = cfg.rollout.openai
+    tls = cfg.security.mode == "mtls" and oc.bind not in LOOPBACK and cfg.security.pki_dir
+    ca_file = Path(str(cfg.security.pki_dir)) / CA_CERT if tls else None
+    folder = cfg.run_dir / ADDRESS_DIR
+    gateway = OpenAIGateway(Routes(lambda: replicas_in(folder), credential), oc.bind, oc.gateway_port,
+                            api_key(cfg, credential), ca_file).start()
+    write_text_atomic(cfg.run_dir / GATEWAY_FILE, json.dumps({"base_url": gateway.base_url}))
+    log.info("OpenAI gateway for the run's replicas at %s", gateway.base_url)
+    return gateway

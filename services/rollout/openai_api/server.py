@@ -2,6 +2,7 @@
 
     POST /v1/chat/completions   POST /v1/completions   (stream: true answers Server-Sent Events)
     GET  /v1/models             GET  /health (no key needed: probes)
+    GET  /v1/sessions/<id>      a session's TITO record (ids, loss mask, logprobs)   DELETE /v1/sessions/<id>
 
 Authentication: `Authorization: Bearer <api key>` (compared in constant time); requests without it get 401. With
 `tls` (a certificate chain and key, e.g. the replica's run-CA certificate in mtls mode) the server speaks HTTPS.
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from services.rollout.openai_api.app import GenerationTimeout, OpenAIApp
 from services.rollout.openai_api.sessions import ConflictError, SessionError
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 SESSION_HEADER = "X-Session-Id"
 REPLICA_HEADER = "X-Rlfleet-Replica"
 MAX_BODY_BYTES = 8 * 2**20
+SESSIONS_PATH = "/v1/sessions/"
 
 
 class _Server(ThreadingHTTPServer):
@@ -121,12 +124,32 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             return
+        if self.path.startswith(SESSIONS_PATH):
+            try:
+                record = self.server.app.store.record(unquote(self.path.removeprefix(SESSIONS_PATH)))
+            except ConflictError as exc:
+                self._error(409, str(exc), code="session_busy")
+                return
+            if record is None:
+                self._error(404, "no such session", code="not_found")
+            else:
+                self._send_json(200, record)
+            return
         if self.path == "/v1/models":
             name = self.server.app.settings.model_name
             self._send_json(200, {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                                               "owned_by": "rlfleet"}]})
             return
         self._error(404, f"no route {self.path}", code="not_found")
+
+    def do_DELETE(self) -> None:
+        if not self._authorized():
+            return
+        if not self.path.startswith(SESSIONS_PATH):
+            self._error(404, f"no route {self.path}", code="not_found")
+            return
+        found = self.server.app.store.discard(unquote(self.path.removeprefix(SESSIONS_PATH)))
+        self._send_json(200 if found else 404, {"deleted": found})
 
     def do_POST(self) -> None:
         if not self._authorized():

@@ -139,5 +139,20 @@ class SessionStore:
             log.warning("session %s taken with a completion in flight", session_id)
         return entry.session
 
+    def record(self, session_id: str) -> dict[str, Any] | None:
+        """The session's tokens so far as plain data (an external agent's view of what it will be trained on);
+        None when unknown. ConflictError while a completion of it is in flight."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is None or entry.session is None:
+                return None
+            if entry.busy:
+                raise ConflictError(f"session {session_id!r} has a completion in flight")
+            s = entry.session
+            return {"session_id": session_id, "prompt_ids": list(s.prompt_ids), "response_ids": list(s.response_ids),
+                    "loss_mask": list(s.loss_mask), "logprobs": list(s.logprobs),
+                    "token_versions": list(s.token_versions), "turns": s.model_turns,
+                    "finish_reason": s.finish_reason}
+
     def discard(self, session_id: str) -> bool:
         return self.take(session_id) is not None
