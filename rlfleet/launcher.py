@@ -129,7 +129,6 @@ class LocalRun:
         self.next_replica = cfg.rollout.replicas          # index of the next replica `rlfleet scale` adds
         self.scale_request = ""                           # id of the scale request carried out last
         self._specs: dict[str, tuple[str, list[str], dict[str, str] | None]] = {}
-        self.gateway: Any = None                          # the OpenAI gateway (rollout.openai.enabled)
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p)
         self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -189,9 +188,8 @@ class LocalRun:
         self._write_processes()
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
         if cfg.rollout.openai.enabled:                # one entry point: each session to one replica
-            from services.rollout.openai_api.serve import start_gateway
-
-            self.gateway = start_gateway(cfg, self.operator)
+            self._start("openai-gateway", "services.rollout.openai_api", [])
+            self._write_processes()
 
     # -- scaling rollout mid-run (rlfleet/scaling.py) ----------------------------------------------------------------
 
@@ -303,9 +301,6 @@ class LocalRun:
                 "partial_groups": stats.partial_groups, "tickets_in_flight": stats.tickets_in_flight}
 
     def stop(self) -> None:
-        if self.gateway is not None:
-            self.gateway.stop()
-            self.gateway = None
         for child in reversed(self.children):
             child.stop()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +20,42 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import SamplingParams
+from rlfleet.rpc import Server
 from rlfleet.sample import Sample, Status
+from rlfleet.v1 import buffer_pb2_grpc, weight_sync_pb2_grpc
 from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.messages import sample_seed
 from services.rollout.openai_api.server import SESSION_HEADER
 from services.trainer.algorithms import resolve
 from services.trainer.batch import build_train_batch, forward_logprobs
 from services.trainer.step import StepContext, train_step
-from tests.integration.test_rollout_service import (  # noqa: F401 - `servers` is a fixture
+from tests.integration.test_rollout_service import (
     GROUP_SIZE,
     GROUPS,
     TOKEN,
+    FakeBuffer,
+    FakeWeightSync,
     finish_and_terminate,
     free_port,
-    servers,
     start_replica,
 )
 from tests.support.calculator_model import calculator_model_dir
 
 torch.set_num_threads(1)
 RUN_SEED, NEW_TOKENS = 5, 12
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[FakeBuffer, FakeWeightSync, str, str]]:
+    buffer, weights = FakeBuffer(), FakeWeightSync()
+    bsrv, wsrv = Server("127.0.0.1:0", TOKEN), Server("127.0.0.1:0", TOKEN)
+    bsrv.add(buffer_pb2_grpc.add_BufferServicer_to_server, buffer, "rlfleet.v1.Buffer")
+    wsrv.add(weight_sync_pb2_grpc.add_WeightSyncServicer_to_server, weights, "rlfleet.v1.WeightSync")
+    bsrv.start()
+    wsrv.start()
+    yield buffer, weights, f"127.0.0.1:{bsrv.port}", f"127.0.0.1:{wsrv.port}"
+    bsrv.stop(0)
+    wsrv.stop(0)
 
 
 def _config(tmp: Path, model_dir: Path, buffer: str, weight_sync: str, rollout: str) -> Path:

@@ -22,8 +22,8 @@ from rlfleet.protocols import GroupTicket, SamplingParams
 from rlfleet.sample import Sample
 from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.openai_api.app import AppSettings, OpenAIApp
-from services.rollout.openai_api.server import SESSION_HEADER, OpenAIServer
 from services.rollout.openai_api.serve import model_context
+from services.rollout.openai_api.server import SESSION_HEADER, OpenAIServer
 from services.rollout.openai_api.sessions import SessionStore
 from services.trainer.algorithms import resolve
 from services.trainer.batch import build_train_batch, forward_logprobs

@@ -4,6 +4,11 @@ JSON and SSE answers, checks the key, and moves a dead replica's sessions to a l
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 import torch
+import yaml
 from transformers import AutoTokenizer
 
 from rlfleet.protocols import SamplingParams
@@ -19,10 +25,10 @@ from services.rollout.openai_api.app import OpenAIApp
 from services.rollout.openai_api.gateway import OpenAIGateway, Routes, replicas_in
 from services.rollout.openai_api.server import REPLICA_HEADER, SESSION_HEADER, OpenAIServer
 from services.rollout.openai_api.sessions import SessionStore
-from services.rollout.router import ReplicaRouter
 from tests.support.calculator_model import calculator_model_dir
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "gateway-key"
 SESSIONS = [f"episode-{i}" for i in range(8)]
 
@@ -44,10 +50,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[OpenAIGateway, dict[str, OpenAIServe
                                                          "rollout": f"grpc-{name}:1"}))
     (folder / "half-written.json").write_text("{")                  # ignored until it is whole
 
-    def router(endpoints: list[str], credential: Any) -> ReplicaRouter:
-        return ReplicaRouter(endpoints, credential, health=lambda e: True)     # health: the relay's own failures
-
-    gateway = OpenAIGateway(Routes(lambda: replicas_in(folder), None, router), api_key=KEY).start()
+    gateway = OpenAIGateway(Routes(lambda: replicas_in(folder)), api_key=KEY).start()
     yield gateway, servers, stores
     gateway.stop()
     for s in servers.values():
@@ -94,3 +97,36 @@ def test_sessions_stick_to_one_replica_and_move_when_it_dies(fleet: Any) -> None
     with openai.OpenAI(base_url=gateway.base_url, api_key="wrong", max_retries=0) as bad, \
             pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model="calc", messages=[{"role": "user", "content": "1+1"}])
+
+
+def test_the_gateway_process_serves_the_run_with_its_key(fleet: Any, tmp_path: Path) -> None:
+    """`python -m services.rollout.openai_api` (what `rlfleet run` starts): token mode, so the key is the run token."""
+    _, servers, stores = fleet
+    (tmp_path / "token").write_text(KEY)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "run": {"name": "gw", "dir": str(tmp_path)}, "model": {"path": str(tmp_path / "model")},
+        "rollout": {"reward_fn": "examples.calculator.reward:solved", "data_source": "examples.calculator.data:x",
+                    "openai": {"enabled": True}},
+        "security": {"mode": "token", "token_file": str(tmp_path / "token")}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "services.rollout.openai_api", "--config", str(config)], cwd=ROOT,
+                            env=env, stderr=subprocess.PIPE, text=True)
+    address = tmp_path / "openai_gateway.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not address.exists():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.1)
+        base_url = json.loads(address.read_text())["base_url"]
+        with openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0) as client:
+            replica, _ = _turn(client, "via-process", [{"role": "user", "content": "2+2"}])
+        assert stores[replica].record("via-process") is not None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not address.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

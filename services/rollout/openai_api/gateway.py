@@ -1,11 +1,13 @@
 """One OpenAI entry point for callers outside the run loop (an agent service, evaluation, a benchmark): each request
 goes to a replica's endpoint, every request of a session to the same one, chosen by services/rollout/router.py
-(rendezvous hashing on the X-Session-Id header, health checks over grpc.health.v1, least-loaded without a session).
+(rendezvous hashing on the X-Session-Id header, least-loaded without a session), with each replica's health read
+from its endpoint's /health.
 
 The replicas are whatever RUN_DIR/openai/*.json lists now (each replica writes its file when its endpoint starts and
 removes it when it stops), so replicas added by `rlfleet scale` are routed to as they come. A replica that refuses
 the connection is marked down and the request is sent to the next; the answer (JSON or SSE) is relayed as it comes.
-The gateway checks the API key itself and passes it on (every replica of a run has the same key).
+The gateway checks the API key itself and passes it on (every replica of a run has the same key). `rlfleet run`
+starts it as a process of the run (`python -m services.rollout.openai_api`, services/rollout/openai_api/__main__.py).
 
 Inside the run, a rollout function talks to its own replica's endpoint directly (services/rollout/openai_api/
 endpoint.py): its sessions must be recorded where it turns them into samples.
@@ -25,7 +27,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlfleet.security.identity import Credential
 from services.rollout.openai_api.server import MAX_BODY_BYTES, SESSION_HEADER
 from services.rollout.openai_api.wire import error_body
 from services.rollout.router import NoHealthyReplica, ReplicaRouter
@@ -48,13 +49,37 @@ def replicas_in(folder: Path) -> dict[str, str]:
     return out
 
 
+def http_healthy(base_url: str, tls: ssl.SSLContext | None = None, timeout: float = 1.0) -> bool:
+    """The replica's endpoint answers GET /health with 200 (its engine serves)."""
+    url = urlsplit(base_url)
+    conn = (http.client.HTTPSConnection(url.hostname or "", url.port, timeout=timeout, context=tls)
+            if url.scheme == "https" else http.client.HTTPConnection(url.hostname or "", url.port, timeout=timeout))
+    try:
+        conn.request("GET", url.path.removesuffix("/v1") + "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+RouterFactory = Callable[[list[str], Mapping[str, str]], ReplicaRouter]
+
+
+def http_router(tls: ssl.SSLContext | None = None) -> RouterFactory:
+    """A router over the replicas' gRPC endpoints whose health check is their OpenAI endpoint's /health (the
+    gateway holds no gRPC credential: it never calls the replicas' gRPC services)."""
+    def make(endpoints: list[str], urls: Mapping[str, str]) -> ReplicaRouter:
+        return ReplicaRouter(endpoints, None, health=lambda e: http_healthy(urls[e], tls))
+    return make
+
+
 class Routes:
     """The current router over the current replicas; rebuilt when the set of replicas changes. Thread-safe."""
 
-    def __init__(self, replicas: Callable[[], Mapping[str, str]], credential: Credential,
-                 make_router: Callable[[list[str], Credential], ReplicaRouter] | None = None) -> None:
-        self._replicas, self._credential = replicas, credential
-        self._make = make_router or (lambda endpoints, cred: ReplicaRouter(endpoints, cred))
+    def __init__(self, replicas: Callable[[], Mapping[str, str]], make_router: RouterFactory | None = None) -> None:
+        self._replicas = replicas
+        self._make = make_router or http_router()
         self._lock = threading.Lock()
         self._urls: dict[str, str] = {}
         self._router: ReplicaRouter | None = None
@@ -65,7 +90,7 @@ class Routes:
             if urls != self._urls or self._router is None:
                 if not urls:
                     raise NoHealthyReplica("no rollout replica serves the OpenAI endpoint yet")
-                old, self._router, self._urls = self._router, self._make(sorted(urls), self._credential), urls
+                old, self._router, self._urls = self._router, self._make(sorted(urls), urls), urls
                 if old is not None:
                     old.close()
             return self._router, self._urls
@@ -81,10 +106,9 @@ class _GatewayServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], routes: Routes, api_key: str | None,
-                 ca_file: Path | None) -> None:
+                 tls: ssl.SSLContext | None) -> None:
         super().__init__(address, _GatewayHandler)
-        self.routes, self.api_key = routes, api_key
-        self.tls = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
+        self.routes, self.api_key, self.tls = routes, api_key, tls
 
 
 class _GatewayHandler(BaseHTTPRequestHandler):
@@ -186,9 +210,10 @@ class OpenAIGateway:
     """Serve the gateway on host:port (0: a free port) in a background thread."""
 
     def __init__(self, routes: Routes, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 ca_file: Path | None = None) -> None:
+                 tls: ssl.SSLContext | None = None) -> None:
+        """tls: how to verify replicas that speak HTTPS (a context trusting the run CA)."""
         self.routes = routes
-        self._http = _GatewayServer((host, port), routes, api_key, ca_file)
+        self._http = _GatewayServer((host, port), routes, api_key, tls)
         self.host, self.port = host, int(self._http.server_address[1])
         self._thread = threading.Thread(target=self._http.serve_forever, name="openai-gateway", daemon=True)
 

@@ -1,6 +1,5 @@
 """Start a replica's OpenAI endpoint from the run config, and say where it is: RUN_DIR/openai/<replica>.json holds
-{replica_id, base_url, rollout} (the replica's gRPC endpoint, which the gateway's router health-checks); and the
-run's gateway in front of every replica (started by `rlfleet run`)."""
+{replica_id, base_url, rollout} (the replica's gRPC endpoint: the gateway's router keys replicas by it)."""
 
 from __future__ import annotations
 
@@ -14,19 +13,16 @@ from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config
 from rlfleet.protocols import SamplingParams
 from rlfleet.security.identity import Credential
-from rlfleet.security.pki import CA_CERT
 from services.rollout.engines.base import Engine
 from services.rollout.openai_api.app import AppSettings, OpenAIApp
-from services.rollout.openai_api.credentials import LOOPBACK, api_key, tls_files
+from services.rollout.openai_api.credentials import api_key, tls_files
 from services.rollout.openai_api.endpoint import OpenAIEndpoint
-from services.rollout.openai_api.gateway import OpenAIGateway, Routes, replicas_in
 from services.rollout.openai_api.server import OpenAIServer
 from services.rollout.openai_api.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
 ADDRESS_DIR = "openai"
-GATEWAY_FILE = "openai_gateway.json"
 
 
 def model_context(model_path: Path) -> int | None:
@@ -68,15 +64,3 @@ def start_openai_endpoint(cfg: Config, credential: Credential, index: int, repli
              "no key" if key is None else "bearer key")
     return ReplicaEndpoint(server, OpenAIEndpoint(server.base_url, key or "none", store), address_file)
 
-
-def start_gateway(cfg: Config, credential: Credential) -> OpenAIGateway:
-    """The run's entry point over RUN_DIR/openai/*.json; its address goes to RUN_DIR/openai_gateway.json."""
-    oc = cfg.rollout.openai
-    tls = cfg.security.mode == "mtls" and oc.bind not in LOOPBACK and cfg.security.pki_dir
-    ca_file = Path(str(cfg.security.pki_dir)) / CA_CERT if tls else None
-    folder = cfg.run_dir / ADDRESS_DIR
-    gateway = OpenAIGateway(Routes(lambda: replicas_in(folder), credential), oc.bind, oc.gateway_port,
-                            api_key(cfg, credential), ca_file).start()
-    write_text_atomic(cfg.run_dir / GATEWAY_FILE, json.dumps({"base_url": gateway.base_url}))
-    log.info("OpenAI gateway for the run's replicas at %s", gateway.base_url)
-    return gateway

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server of a rollout replica (stdlib http.server: one thread per connection).
 
     POST /v1/chat/completions   POST /v1/completions   (stream: true answers Server-Sent Events)
-    GET  /v1/models             GET  /health (no key needed: probes)
+    GET  /v1/models             GET  /health (no key needed: probes; 503 when the engine is not serving)
     GET  /v1/sessions/<id>      a session's TITO record (ids, loss mask, logprobs)   DELETE /v1/sessions/<id>
 
 Authentication: `Authorization: Bearer <api key>` (compared in constant time); requests without it get 401. With
@@ -120,7 +120,10 @@ class _Handler(BaseHTTPRequestHandler):
     # ---- routes --------------------------------------------------------------------------------------------------
     def do_GET(self) -> None:
         if self.path == "/health":
-            self._send_json(200, {"status": "ok", "weight_version": self.server.app.engine.weight_version})
+            engine = self.server.app.engine
+            ok = engine.healthy()
+            self._send_json(200 if ok else 503, {"status": "ok" if ok else "engine not serving",
+                                                 "weight_version": engine.weight_version})
             return
         if not self._authorized():
             return
