@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,8 +22,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import GroupTicket, SamplingParams
 from rlfleet.sample import Sample
+from services.rollout.context import GroupContext
 from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.openai_api.app import AppSettings, OpenAIApp
+from services.rollout.openai_api.endpoint import OpenAIEndpoint
 from services.rollout.openai_api.serve import model_context
 from services.rollout.openai_api.server import SESSION_HEADER, OpenAIServer
 from services.rollout.openai_api.sessions import SessionStore
@@ -205,3 +209,32 @@ def test_refusals(live: Any) -> None:
             client.chat.completions.create(model="calc", messages=[{"role": "user", "content": "1"}], n=2)
     assert store.take("s-rewrite") is not None
     assert store.take("never-opened") is None
+
+
+def test_a_cancelled_group_aborts_its_sessions_completions(live: Any) -> None:
+    """The buffer cancels a group (GroupContext.abort): its sessions' requests in flight end with 'abort'."""
+    server, store, engine, _ = live
+    app = server.app
+    endpoint = OpenAIEndpoint(server.base_url, KEY, store, app.abort_sessions)
+    ticket = GroupTicket(group_id="g9", prompt_index=0, group_size=1)
+    sid = endpoint.session_id(ticket, 0)
+    engine.pause()                                   # the request waits in the engine until the abort
+    replies: list[Any] = []
+    try:
+        with _client(server) as client:
+            worker = threading.Thread(target=lambda: replies.append(client.chat.completions.create(
+                model="calc", messages=[{"role": "user", "content": QUESTION}], max_tokens=8,
+                extra_headers=endpoint.headers(sid))))
+            worker.start()
+            deadline = time.monotonic() + 60
+            while engine.stats().waiting == 0:
+                assert time.monotonic() < deadline and worker.is_alive(), "the request did not reach the engine"
+                time.sleep(0.01)
+            holder = type("Ctx", (), {"openai": endpoint})()
+            assert GroupContext(holder, engine, "g1").abort() == 0                    # another group: untouched
+            assert GroupContext(holder, engine, "g9").abort() == 1
+            worker.join(timeout=60)
+    finally:
+        engine.resume()
+    assert replies[0].choices[0].finish_reason == "abort"
+    assert endpoint.take(sid).finish_reason == "abort"

@@ -3,12 +3,14 @@ the turn. A request without a session id is answered the same way from a throwaw
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from rlfleet.protocols import SamplingParams
+from rlfleet.protocols import Generation, SamplingParams
 from services.rollout.engines.base import Engine, EngineError
 from services.rollout.openai_api.sessions import SessionStore
 from services.rollout.openai_api.wire import Completion, RequestError, messages_of, prompt_of, sampling_of
@@ -33,6 +35,16 @@ class OpenAIApp:
                  settings: AppSettings = AppSettings()) -> None:
         self.engine, self.tokenizer, self.sampling, self.store = engine, tokenizer, sampling, store
         self.settings = settings
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, Future[Generation]] = {}     # session id -> its engine request now
+
+    def abort_sessions(self, prefix: str) -> int:
+        """Abort the engine requests in flight of the sessions whose id starts with `prefix` (a group the buffer
+        cancelled: session ids begin with its group id); they answer finish_reason 'abort'. Returns how many."""
+        with self._lock:
+            pending = [f for sid, f in self._in_flight.items() if sid.startswith(prefix) and not f.done()]
+        abort = getattr(self.engine, "abort", None)
+        return int(abort(pending)) if pending and abort is not None else 0
 
     def chat(self, body: Mapping[str, Any], session_id: str | None) -> Completion:
         messages = messages_of(body)
@@ -43,7 +55,7 @@ class OpenAIApp:
                 raise RequestError(str(exc)) from None
         session = self.store.begin_chat(session_id, messages)
         try:
-            return self._turn(session, body, chat=True)
+            return self._turn(session, body, chat=True, session_id=session_id)
         finally:
             self.store.end(session_id)
 
@@ -53,11 +65,12 @@ class OpenAIApp:
             return self._turn(TitoSession.from_prompt(self.tokenizer, prompt), body, chat=False)
         session = self.store.begin_completion(session_id, prompt)
         try:
-            return self._turn(session, body, chat=False)
+            return self._turn(session, body, chat=False, session_id=session_id)
         finally:
             self.store.end(session_id)
 
-    def _turn(self, session: TitoSession, body: Mapping[str, Any], chat: bool) -> Completion:
+    def _turn(self, session: TitoSession, body: Mapping[str, Any], chat: bool, session_id: str | None = None
+              ) -> Completion:
         prompt_ids = session.input_ids
         room = None if self.settings.max_context is None else self.settings.max_context - len(prompt_ids)
         sampling = sampling_of(body, self.sampling, self.tokenizer, room)
@@ -65,6 +78,9 @@ class OpenAIApp:
             future = self.engine.submit(prompt_ids, sampling)
         except EngineError as exc:
             raise RequestError(str(exc)) from None
+        if session_id is not None:
+            with self._lock:
+                self._in_flight[session_id] = future
         try:
             gen = future.result(timeout=self.settings.request_timeout)
         except FutureTimeout:
@@ -72,6 +88,10 @@ class OpenAIApp:
             if abort is not None:
                 abort([future])
             raise GenerationTimeout(f"generation did not finish in {self.settings.request_timeout:.0f}s") from None
+        finally:
+            if session_id is not None:
+                with self._lock:
+                    self._in_flight.pop(session_id, None)
         content = session.add_generation(gen)
         text = content if chat else self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=False,
                                                           clean_up_tokenization_spaces=False)

@@ -11,6 +11,7 @@ episode, and the session's recorded tokens at the end (a TitoSession -> Sample).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,11 @@ class OpenAIEndpoint:
     base_url: str
     api_key: str             # "none" when the run has no authentication (the client insists on some string)
     store: SessionStore
+    abort_sessions: Callable[[str], int] = lambda prefix: 0     # engine requests in flight of sessions `prefix*`
+
+    def abort_group(self, group_id: str) -> int:
+        """Abort the in-flight completions of the group's sessions (ids from session_id begin with the group id)."""
+        return self.abort_sessions(f"{group_id}/")
 
     def session_id(self, ticket: GroupTicket, index: int) -> str:
         """A fresh id for one episode (a re-issued group gets new ones: nothing of an earlier try is reused)."""

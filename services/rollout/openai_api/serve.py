@@ -62,5 +62,6 @@ def start_openai_endpoint(cfg: Config, credential: Credential, index: int, repli
                                                 "rollout": grpc_endpoint}))
     log.info("replica %s serves the OpenAI API at %s (%s)", replica_id, server.base_url,
              "no key" if key is None else "bearer key")
-    return ReplicaEndpoint(server, OpenAIEndpoint(server.base_url, key or "none", store), address_file)
+    return ReplicaEndpoint(server, OpenAIEndpoint(server.base_url, key or "none", store, app.abort_sessions),
+                           address_file)
 

@@ -204,6 +204,7 @@ class OpenAIServer:
     def __init__(self, app: OpenAIApp, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  replica_id: str = "", tls: tuple[Path, Path] | None = None,
                  max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
         self._http = _Server((host, port), app, api_key, replica_id, max_body_bytes)
         self.scheme = "http"
         if tls is not None:
