@@ -3,6 +3,7 @@ multi-turn session becomes a TITO sample whose ids are the engine's, and that sa
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import threading
@@ -28,7 +29,8 @@ from services.rollout.openai_api.app import AppSettings, OpenAIApp
 from services.rollout.openai_api.endpoint import OpenAIEndpoint
 from services.rollout.openai_api.serve import model_context
 from services.rollout.openai_api.server import SESSION_HEADER, OpenAIServer
-from services.rollout.openai_api.sessions import SessionStore
+from services.rollout.openai_api.sessions import ConflictError, SessionStore
+from services.rollout.partial import RetractingEngine
 from services.trainer.algorithms import resolve
 from services.trainer.batch import build_train_batch, forward_logprobs
 from services.trainer.step import StepContext, train_step
@@ -238,3 +240,48 @@ def test_a_cancelled_group_aborts_its_sessions_completions(live: Any) -> None:
         engine.resume()
     assert replies[0].choices[0].finish_reason == "abort"
     assert endpoint.take(sid).finish_reason == "abort"
+
+
+def test_streaming_engine_callbacks_and_the_fallback_give_the_same_chunks(live: Any) -> None:
+    server, store, engine, tok = live
+    seen: list[tuple[int, float]] = []
+    gen = engine.submit_streaming([1, 3, 14, 15, 1, 4], SamplingParams(max_new_tokens=6, seed=5),
+                                  lambda t, lp: seen.append((t, lp))).result(timeout=60)
+    assert seen == list(zip(gen.output_ids, gen.logprobs, strict=True))      # every token, as chosen, in order
+
+    request = {"model": "calc", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 6, "seed": 9,
+               "logprobs": True, "stream": True}
+    fallback = OpenAIServer(OpenAIApp(RetractingEngine(engine), tok, SamplingParams(max_new_tokens=6),
+                                      SessionStore(tok)), api_key=KEY).start()     # retract mode: no token stream
+    try:
+        answers = []
+        for srv in (server, fallback):
+            with _client(srv) as client:
+                chunks = list(client.chat.completions.create(**request))
+            answers.append([(c.choices[0].delta.content, c.choices[0].model_extra.get("token_ids"))
+                            for c in chunks if c.choices])
+        assert answers[0] == answers[1]
+    finally:
+        fallback.stop()
+
+
+def test_a_reader_that_leaves_mid_stream_still_records_the_turn(live: Any) -> None:
+    server, store, _, _ = live
+    body = json.dumps({"model": "calc", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 8,
+                       "stream": True}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", body=body, headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": "application/json", SESSION_HEADER: "leaver"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")
+    conn.close()                                              # gone after the first chunk
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            record = store.record("leaver")
+            break
+        except ConflictError:                                 # its completion is still being finished
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert record is not None and record["turns"] == 1 and sum(record["loss_mask"]) >= 1
+    assert store.take("leaver") is not None

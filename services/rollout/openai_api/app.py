@@ -3,7 +3,9 @@ the turn. A request without a session id is answered the same way from a throwaw
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -28,6 +30,20 @@ class AppSettings:
     request_timeout: float = 600.0
 
 
+@dataclass
+class Turn:
+    """One request's engine turn between begin and finish. tokens: (id, logprob) as the engine chooses them (a
+    streaming engine, stream requests only; otherwise empty)."""
+
+    session: TitoSession
+    session_id: str | None
+    prompt_ids: list[int]
+    future: Future[Generation]
+    tokens: queue.SimpleQueue[tuple[int, float]]
+    chat: bool
+    deadline: float              # time.monotonic() after which finish aborts the generation
+
+
 class OpenAIApp:
     """Thread-safe: every HTTP request thread calls chat / complete."""
 
@@ -47,52 +63,68 @@ class OpenAIApp:
         return int(abort(pending)) if pending and abort is not None else 0
 
     def chat(self, body: Mapping[str, Any], session_id: str | None) -> Completion:
-        messages = messages_of(body)
-        if session_id is None:
-            try:
-                return self._turn(TitoSession(self.tokenizer, messages), body, chat=True)
-            except TitoError as exc:
-                raise RequestError(str(exc)) from None
-        session = self.store.begin_chat(session_id, messages)
-        try:
-            return self._turn(session, body, chat=True, session_id=session_id)
-        finally:
-            self.store.end(session_id)
+        return self.finish(self.begin(body, session_id, chat=True))
 
     def complete(self, body: Mapping[str, Any], session_id: str | None) -> Completion:
-        prompt = prompt_of(body)
-        if session_id is None:
-            return self._turn(TitoSession.from_prompt(self.tokenizer, prompt), body, chat=False)
-        session = self.store.begin_completion(session_id, prompt)
-        try:
-            return self._turn(session, body, chat=False, session_id=session_id)
-        finally:
-            self.store.end(session_id)
+        return self.finish(self.begin(body, session_id, chat=False))
 
-    def _turn(self, session: TitoSession, body: Mapping[str, Any], chat: bool, session_id: str | None = None
-              ) -> Completion:
+    def begin(self, body: Mapping[str, Any], session_id: str | None, chat: bool) -> Turn:
+        """Position the session (or a throwaway one) for the next engine turn and submit it. The caller must call
+        finish(turn) (it records the turn and frees the session), also when it stops reading."""
+        if chat:
+            messages = messages_of(body)
+            if session_id is None:
+                try:
+                    session = TitoSession(self.tokenizer, messages)
+                except TitoError as exc:
+                    raise RequestError(str(exc)) from None
+            else:
+                session = self.store.begin_chat(session_id, messages)
+        else:
+            prompt = prompt_of(body)
+            session = TitoSession.from_prompt(self.tokenizer, prompt) if session_id is None else \
+                self.store.begin_completion(session_id, prompt)
+        try:
+            return self._submit(session, body, chat, session_id)
+        except Exception:
+            if session_id is not None:
+                self.store.end(session_id)
+            raise
+
+    def _submit(self, session: TitoSession, body: Mapping[str, Any], chat: bool, session_id: str | None) -> Turn:
         prompt_ids = session.input_ids
         room = None if self.settings.max_context is None else self.settings.max_context - len(prompt_ids)
         sampling = sampling_of(body, self.sampling, self.tokenizer, room)
+        tokens: queue.SimpleQueue[tuple[int, float]] = queue.SimpleQueue()
+        streaming = getattr(self.engine, "submit_streaming", None) if body.get("stream") else None
         try:
-            future = self.engine.submit(prompt_ids, sampling)
+            future = (streaming(prompt_ids, sampling, lambda t, lp: tokens.put((t, lp))) if streaming is not None
+                      else self.engine.submit(prompt_ids, sampling))
         except EngineError as exc:
             raise RequestError(str(exc)) from None
         if session_id is not None:
             with self._lock:
                 self._in_flight[session_id] = future
+        return Turn(session, session_id, prompt_ids, future, tokens, chat,
+                    time.monotonic() + self.settings.request_timeout)
+
+    def finish(self, turn: Turn) -> Completion:
+        """Wait for the turn's generation (until its deadline), record it in the session and free the session."""
         try:
-            gen = future.result(timeout=self.settings.request_timeout)
-        except FutureTimeout:
-            abort = getattr(self.engine, "abort", None)
-            if abort is not None:
-                abort([future])
-            raise GenerationTimeout(f"generation did not finish in {self.settings.request_timeout:.0f}s") from None
+            try:
+                gen = turn.future.result(timeout=max(turn.deadline - time.monotonic(), 0.0))
+            except FutureTimeout:
+                abort = getattr(self.engine, "abort", None)
+                if abort is not None:
+                    abort([turn.future])
+                raise GenerationTimeout(f"generation did not finish in {self.settings.request_timeout:.0f}s") \
+                    from None
+            content = turn.session.add_generation(gen)
         finally:
-            if session_id is not None:
+            if turn.session_id is not None:
                 with self._lock:
-                    self._in_flight.pop(session_id, None)
-        content = session.add_generation(gen)
-        text = content if chat else self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=False,
-                                                          clean_up_tokenization_spaces=False)
-        return Completion(generation=gen, text=str(text), prompt_ids=prompt_ids)
+                    self._in_flight.pop(turn.session_id, None)
+                self.store.end(turn.session_id)
+        text = content if turn.chat else self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=False,
+                                                               clean_up_tokenization_spaces=False)
+        return Completion(generation=gen, text=str(text), prompt_ids=turn.prompt_ids)

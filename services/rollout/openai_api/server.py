@@ -9,8 +9,8 @@ Authentication: `Authorization: Bearer <api key>` (compared in constant time); r
 Sessions: the `X-Session-Id` header names the TITO session a request belongs to (services/rollout/openai_api/
 sessions.py); without it a request is answered and nothing is recorded. Bodies over `max_body_bytes` get 413.
 
-Streaming is in OpenAI's chunk format, sent when the engine has finished the completion (the engine contract
-resolves whole generations; chunks are not paced token by token).
+Streaming is in OpenAI's chunk format, a chunk per output token as the engine chooses it (services/rollout/
+openai_api/streaming.py).
 """
 
 from __future__ import annotations
@@ -28,14 +28,8 @@ from urllib.parse import unquote
 
 from services.rollout.openai_api.app import GenerationTimeout, OpenAIApp
 from services.rollout.openai_api.sessions import ConflictError, SessionError
-from services.rollout.openai_api.wire import (
-    RequestError,
-    chat_chunks,
-    chat_response,
-    completion_chunks,
-    completion_response,
-    error_body,
-)
+from services.rollout.openai_api.streaming import stream_events
+from services.rollout.openai_api.wire import RequestError, chat_response, completion_response, error_body
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +73,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header(REPLICA_HEADER, self.server.replica_id)
         self.end_headers()
         self.close_connection = True
-        for event in events:
-            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        try:
+            for event in events:
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return                                   # the reader left; the turn was still recorded
+        except GenerationTimeout as exc:
+            self._event(error_body(str(exc), "timeout"))
+        except Exception as exc:  # noqa: BLE001 - the status line is sent: the failure goes in the stream
+            log.exception("OpenAI endpoint: stream of %s failed", self.path)
+            self._event(error_body(f"{type(exc).__name__}: {exc}", "server_error"))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _event(self, body: dict[str, Any]) -> None:
+        self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
 
     def _error(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> None:
         self._send_json(status, error_body(message, kind, code))
@@ -168,8 +174,10 @@ class _Handler(BaseHTTPRequestHandler):
         chat = routes[self.path]
         app = self.server.app
         session_id = self.headers.get(SESSION_HEADER) or None
+        stream = bool(body.get("stream"))
         try:
-            completion = app.chat(body, session_id) if chat else app.complete(body, session_id)
+            turn = app.begin(body, session_id, chat)
+            completion = None if stream else app.finish(turn)
         except RequestError as exc:
             self._error(400, str(exc), code=exc.code)
             return
@@ -188,10 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         model = str(body.get("model") or app.settings.model_name)
         logprobs = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
-        if body.get("stream"):
+        if completion is None:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            make = chat_chunks if chat else completion_chunks
-            self._send_events(make(completion, model, app.tokenizer, logprobs, usage))
+            self._send_events(stream_events(app, turn, model, logprobs, usage))
             return
         make_one = chat_response if chat else completion_response
         self._send_json(200, make_one(completion, model, app.tokenizer, logprobs))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,22 +121,22 @@ def prompt_of(body: Mapping[str, Any]) -> str | list[int]:
     raise RequestError("'prompt' must be one non-empty string or one list of token ids")
 
 
-def _finish(gen: Generation) -> str:
+def finish_reason(gen: Generation) -> str:
     return {"stop": "stop", "length": "length"}.get(gen.finish_reason, "abort")
 
 
-def _token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return [str(tokenizer.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False)) for t in ids]
 
 
 def chat_logprobs(tokenizer: Any, gen: Generation) -> dict[str, Any]:
     return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-                        for tok, lp in zip(_token_strings(tokenizer, gen.output_ids), gen.logprobs, strict=True)],
+                        for tok, lp in zip(token_strings(tokenizer, gen.output_ids), gen.logprobs, strict=True)],
             "refusal": None}
 
 
 def completion_logprobs(tokenizer: Any, gen: Generation) -> dict[str, Any]:
-    tokens = _token_strings(tokenizer, gen.output_ids)
+    tokens = token_strings(tokenizer, gen.output_ids)
     offsets, at = [], 0
     for tok in tokens:
         offsets.append(at)
@@ -144,12 +144,12 @@ def completion_logprobs(tokenizer: Any, gen: Generation) -> dict[str, Any]:
     return {"tokens": tokens, "token_logprobs": list(gen.logprobs), "top_logprobs": None, "text_offset": offsets}
 
 
-def _usage(c: Completion) -> dict[str, int]:
+def usage_of(c: Completion) -> dict[str, int]:
     p, n = len(c.prompt_ids), len(c.generation.output_ids)
     return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
 
 
-def _head(kind: str, model: str) -> dict[str, Any]:
+def head(kind: str, model: str) -> dict[str, Any]:
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
 
@@ -157,68 +157,19 @@ def _head(kind: str, model: str) -> dict[str, Any]:
 def chat_response(c: Completion, model: str, tokenizer: Any, logprobs: bool) -> dict[str, Any]:
     gen = c.generation
     choice = {"index": 0, "message": {"role": "assistant", "content": c.text},
-              "logprobs": chat_logprobs(tokenizer, gen) if logprobs else None, "finish_reason": _finish(gen),
+              "logprobs": chat_logprobs(tokenizer, gen) if logprobs else None, "finish_reason": finish_reason(gen),
               "token_ids": list(gen.output_ids), "weight_version": gen.weight_version}
-    return {**_head("chat.completion", model), "choices": [choice], "usage": _usage(c),
+    return {**head("chat.completion", model), "choices": [choice], "usage": usage_of(c),
             "prompt_token_ids": list(c.prompt_ids)}
 
 
 def completion_response(c: Completion, model: str, tokenizer: Any, logprobs: bool) -> dict[str, Any]:
     gen = c.generation
     choice = {"index": 0, "text": c.text, "logprobs": completion_logprobs(tokenizer, gen) if logprobs else None,
-              "finish_reason": _finish(gen), "token_ids": list(gen.output_ids), "weight_version": gen.weight_version}
-    return {**_head("text_completion", model), "choices": [choice], "usage": _usage(c),
+              "finish_reason": finish_reason(gen), "token_ids": list(gen.output_ids),
+              "weight_version": gen.weight_version}
+    return {**head("text_completion", model), "choices": [choice], "usage": usage_of(c),
             "prompt_token_ids": list(c.prompt_ids)}
-
-
-def _pieces(tokenizer: Any, ids: Sequence[int], text: str, skip_special: bool) -> list[str]:
-    """The text of each output token as a stream of deltas whose concatenation is `text` (a token that ends inside
-    a multi-byte character gives an empty delta; the rest comes with the next)."""
-    pieces, shown = [], ""
-    for i in range(1, len(ids) + 1):
-        prefix = str(tokenizer.decode(list(ids[:i]), skip_special_tokens=skip_special,
-                                      clean_up_tokenization_spaces=False))
-        if i == len(ids) or not text.startswith(prefix) or prefix.endswith("\ufffd"):
-            prefix = text if i == len(ids) else shown
-        pieces.append(prefix[len(shown):])
-        shown = prefix
-    return pieces
-
-
-def chat_chunks(c: Completion, model: str, tokenizer: Any, logprobs: bool, usage: bool) -> Iterator[dict[str, Any]]:
-    """chat.completion.chunk objects: the role, one chunk per output token (its text delta and logprob), then the
-    finish reason (and usage when stream_options.include_usage)."""
-    head = {**_head("chat.completion.chunk", model)}
-    gen = c.generation
-    yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                "finish_reason": None}]}
-    entries = chat_logprobs(tokenizer, gen)["content"]
-    for i, piece in enumerate(_pieces(tokenizer, gen.output_ids, c.text, skip_special=True)):
-        yield {**head, "choices": [{"index": 0, "delta": {"content": piece},
-                                    "logprobs": {"content": [entries[i]], "refusal": None} if logprobs else None,
-                                    "finish_reason": None, "token_ids": [gen.output_ids[i]]}]}
-    yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": _finish(gen),
-                                "weight_version": gen.weight_version}],
-           "prompt_token_ids": list(c.prompt_ids)}
-    if usage:
-        yield {**head, "choices": [], "usage": _usage(c)}
-
-
-def completion_chunks(c: Completion, model: str, tokenizer: Any, logprobs: bool, usage: bool
-                      ) -> Iterator[dict[str, Any]]:
-    head = {**_head("text_completion", model)}
-    gen = c.generation
-    lp = completion_logprobs(tokenizer, gen)
-    for i, piece in enumerate(_pieces(tokenizer, gen.output_ids, c.text, skip_special=False)):
-        one = {"tokens": [lp["tokens"][i]], "token_logprobs": [lp["token_logprobs"][i]], "top_logprobs": None,
-               "text_offset": [lp["text_offset"][i]]}
-        yield {**head, "choices": [{"index": 0, "text": piece, "logprobs": one if logprobs else None,
-                                    "finish_reason": None, "token_ids": [gen.output_ids[i]]}]}
-    yield {**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": _finish(gen),
-                                "weight_version": gen.weight_version}],
-           "prompt_token_ids": list(c.prompt_ids)}
-    if usage:
-        yield {**head, "choices": [], "usage": _usage(c)}
 
 
 def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> dict[str, Any]:
