@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import torch
@@ -20,9 +22,10 @@ import yaml
 from transformers import AutoTokenizer
 
 from rlfleet.protocols import SamplingParams
+from rlfleet.security.pki import CA_CERT, cert_paths, create_run_pki
 from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.openai_api.app import OpenAIApp
-from services.rollout.openai_api.gateway import OpenAIGateway, Routes, replicas_in
+from services.rollout.openai_api.gateway import OpenAIGateway, Routes, http_router, replicas_in
 from services.rollout.openai_api.server import REPLICA_HEADER, SESSION_HEADER, OpenAIServer
 from services.rollout.openai_api.sessions import SessionStore
 from tests.support.calculator_model import calculator_model_dir
@@ -130,3 +133,37 @@ def test_the_gateway_process_serves_the_run_with_its_key(fleet: Any, tmp_path: P
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_https_with_the_run_ca_end_to_end(tmp_path: Path) -> None:
+    """mtls mode beyond loopback: the replica speaks HTTPS with its run-CA certificate; the gateway and clients
+    verify it against RUN_DIR/pki/ca.crt; a client that does not trust the run CA cannot connect."""
+    pki = create_run_pki(tmp_path / "pki", [("rollout", "rollout-0")])
+    trust = ssl.create_default_context(cafile=str(pki / CA_CERT))
+    model = calculator_model_dir()
+    tok = AutoTokenizer.from_pretrained(str(model))
+    engine = TorchEngine(model, max_batch_size=4, seed=0)
+    store = SessionStore(tok)
+    replica = OpenAIServer(OpenAIApp(engine, tok, SamplingParams(max_new_tokens=4), store), api_key=KEY,
+                           replica_id="rollout-0", tls=cert_paths(pki, "rollout-0")).start()
+    folder = tmp_path / "openai"
+    folder.mkdir()
+    (folder / "rollout-0.json").write_text(json.dumps({"base_url": replica.base_url, "rollout": "grpc-0:1"}))
+    gateway = OpenAIGateway(Routes(lambda: replicas_in(folder), http_router(trust)), api_key=KEY, tls=trust).start()
+    try:
+        assert replica.base_url.startswith("https://127.0.0.1:")
+        with httpx.Client(verify=trust) as http, openai.OpenAI(base_url=replica.base_url, api_key=KEY,
+                                                                http_client=http, max_retries=0) as client:
+            replica_id, text = _turn(client, "tls-1", [{"role": "user", "content": "3+4"}])
+            assert replica_id == "rollout-0"
+        with openai.OpenAI(base_url=gateway.base_url, api_key=KEY, max_retries=0) as client:
+            _turn(client, "tls-1", [{"role": "user", "content": "3+4"}, {"role": "assistant", "content": text},
+                                    {"role": "user", "content": "again"}])
+        assert store.record("tls-1")["turns"] == 2                         # both turns, one session, over TLS
+        with openai.OpenAI(base_url=replica.base_url, api_key=KEY, max_retries=0) as untrusting, \
+                pytest.raises(openai.APIConnectionError):
+            untrusting.models.list()                                     # the system CAs do not know the run CA
+    finally:
+        gateway.stop()
+        replica.stop()
+        engine.shutdown()
