@@ -113,6 +113,7 @@ class _GatewayServer(ThreadingHTTPServer):
 
 class _GatewayHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True        # headers and body are two writes: no 40 ms delayed-ACK stall
     server: _GatewayServer
 
     def log_message(self, format: str, *args: Any) -> None:
