@@ -110,6 +110,24 @@ class DataConfig(_Section):
         return self
 
 
+class OpenAIEndpointConfig(_Section):
+    """rollout.openai: each replica serves /v1/chat/completions and /v1/completions from its engine (issue 12)."""
+
+    enabled: bool = Field(False, description="serve the OpenAI-compatible HTTP endpoint on every rollout replica")
+    bind: str = Field("127.0.0.1", description="host the endpoint listens on (loopback: only this machine)")
+    port: int = Field(0, ge=0, le=65535, description="replica i listens on port+i; 0: a free port (the replica "
+                      "writes its address to RUN_DIR/openai/<replica>.json)")
+    api_key_file: str | None = Field(None, description="mtls mode: the API key clients send as a bearer token "
+                                     "(0600); default RUN_DIR/pki/openai-api.key, made by rlfleet run. token mode: "
+                                     "the run token; none: no key")
+    max_sessions: int = Field(4096, ge=1, description="TITO sessions held at once; the least recently used "
+                              "beyond this are dropped")
+    request_timeout: float = Field(600.0, gt=0, description="seconds a completion may take before it fails (504)")
+    gateway_port: int = Field(0, ge=0, le=65535, description="rlfleet run also serves one entry point on bind:this "
+                              "port that sends every request of a session to one replica (0: a free port; its "
+                              "address is written to RUN_DIR/openai_gateway.json)")
+
+
 class RolloutConfig(_Section):
     """The rollout replicas: engine, prompts, reward, sampling. Give exactly one of data_source and data."""
 
@@ -139,6 +157,8 @@ class RolloutConfig(_Section):
     drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM (scaled away, pod deleted): stop claiming, let "
                                  "the groups in flight finish for up to this many seconds, then hand the rest back "
                                  "to the buffer (re-queued at once) and exit.")
+    openai: OpenAIEndpointConfig = Field(OpenAIEndpointConfig(), description="The OpenAI-compatible HTTP endpoint "
+                                         "on each replica, and the run's gateway.")
 
 
 class BufferConfig(_Section):

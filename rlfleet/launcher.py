@@ -187,6 +187,9 @@ class LocalRun:
             self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)])
         self._write_processes()
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
+        if cfg.rollout.openai.enabled:                # one entry point: each session to one replica
+            self._start("openai-gateway", "services.rollout.openai_api", [])
+            self._write_processes()
 
     # -- scaling rollout mid-run (rlfleet/scaling.py) ----------------------------------------------------------------
 

@@ -19,6 +19,7 @@ log = logging.getLogger("rlfleet.security")
 PKI_DIR = "pki"
 SIGNING_KEY = "weights-signing.key"
 SIGNING_PUB = "weights-signing.pub"
+OPENAI_API_KEY = "openai-api.key"       # rollout.openai in mtls mode: the bearer key of the replicas' HTTP endpoint
 
 
 def components(cfg: Config) -> list[tuple[str, str]]:
@@ -32,8 +33,9 @@ def components(cfg: Config) -> list[tuple[str, str]]:
 def prepare_security(cfg: Config, run_dir: Path) -> dict[str, Any]:
     """The resolved `security` section, after making what its mode needs in the run folder.
 
-    mtls: a fresh run CA (its key is never written) and one certificate per component in RUN/pki/; every mode but
-    none: an Ed25519 weight-signing key pair (private key 0600, for the trainer); token: RUN/run.token (0600).
+    mtls: a fresh run CA (its key is never written) and one certificate per component in RUN/pki/, and with
+    rollout.openai.enabled the endpoint's API key RUN/pki/openai-api.key (0600); every mode but none: an Ed25519
+    weight-signing key pair (private key 0600, for the trainer); token: RUN/run.token (0600).
     """
     sec = cfg.security.model_dump()
     if cfg.security.mode == "none":
@@ -48,6 +50,9 @@ def prepare_security(cfg: Config, run_dir: Path) -> dict[str, Any]:
         token_file = run_dir / "run.token"
         write_secret(token_file, secrets.token_urlsafe(32).encode())
         sec["token_file"] = str(token_file.resolve())
+    if cfg.security.mode == "mtls" and cfg.rollout.openai.enabled and not cfg.rollout.openai.api_key_file:
+        # a fresh key at every launch, as the run CA: a key of an earlier launch stops being accepted
+        write_secret(Path(sec["pki_dir"]) / OPENAI_API_KEY, secrets.token_urlsafe(32).encode())
     if not cfg.security.signing_key and not cfg.security.signing_public_key:
         keys = run_dir / PKI_DIR
         keys.mkdir(parents=True, exist_ok=True)

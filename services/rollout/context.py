@@ -20,8 +20,9 @@ class ServiceContext:
     """Implements rlfleet.protocols.RolloutContext for one replica. run_seed makes per-sample seeds reproducible."""
 
     def __init__(self, replica_id: str, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                 scorer: Scorer, run_seed: int = 0) -> None:
+                 scorer: Scorer, run_seed: int = 0, openai: Any | None = None) -> None:
         self.run_seed = run_seed
+        self.openai = openai          # OpenAIEndpoint when rollout.openai.enabled (services/rollout/openai_api)
         self.replica_id = replica_id
         self.engine = engine
         self.tokenizer = tokenizer
@@ -78,8 +79,8 @@ class GroupContext:
     so the work loop can abort them (an over-sampled group no longer wanted, or the run finished) and free their
     engine slots and KV memory at once. Everything else passes through to the replica's context."""
 
-    def __init__(self, ctx: Any, engine: Engine) -> None:
-        self._ctx, self._engine = ctx, engine
+    def __init__(self, ctx: Any, engine: Engine, group_id: str = "") -> None:
+        self._ctx, self._engine, self.group_id = ctx, engine, group_id
         self._futures: list[Future[Generation]] = []
         self._lock = threading.Lock()
         self.aborted = False
@@ -96,9 +97,14 @@ class GroupContext:
         return future
 
     def abort(self) -> int:
-        """Abort the group's unfinished engine requests (they resolve with finish_reason 'abort'). Returns how many."""
+        """Abort the group's unfinished engine requests (they resolve with finish_reason 'abort'), and those its
+        sessions have in flight on the replica's OpenAI endpoint. Returns how many."""
         with self._lock:
             self.aborted = True
             pending = [f for f in self._futures if not f.done()]
         abort = getattr(self._engine, "abort", None)
-        return int(abort(pending)) if pending and abort is not None else 0
+        aborted = int(abort(pending)) if pending and abort is not None else 0
+        endpoint = getattr(self._ctx, "openai", None)
+        if self.group_id and endpoint is not None:
+            aborted += int(endpoint.abort_group(self.group_id))
+        return aborted

@@ -31,6 +31,10 @@ class RetractingEngine:
         self._engine = engine
         self.retracted = 0                   # generations retracted since start
 
+    # A retraction drops tokens already chosen, so they cannot have been streamed to anyone: no streaming submit
+    # (callers such as the OpenAI endpoint fall back to sending a completion once it is finished).
+    submit_streaming = None
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 

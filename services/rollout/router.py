@@ -1,12 +1,14 @@
-"""Route Rollout.Generate calls across replicas: session affinity, health checks, fail-over.
+"""Route calls across rollout replicas: session affinity, health checks, fail-over.
 
-Inside a run, work reaches replicas by pull (each replica Claims groups from the buffer as it has room), and a group's
-rollout function — every turn of every TITO session in it — runs inside the replica that claimed it, so a session's
-prefix cache is always on its replica. This router is for callers outside that loop (evaluation, an external agent
-service, a benchmark): it sends every call of a session to the same healthy replica (rendezvous hashing on the session
-id: when a replica goes away only its sessions move, and they come back when it returns), sends calls without a session
-to the least-loaded healthy replica, checks health (grpc.health.v1) in the background and at once when a call fails
-with UNAVAILABLE, and retries that call on the next replica.
+Inside a run, work reaches replicas by pull (each replica Claims groups from the buffer as it has room), and a
+group's rollout function — every turn of every TITO session in it — runs inside the replica that claimed it, so a
+session's prefix cache is always on its replica. This router is for callers outside that loop (evaluation, an external
+agent service, a benchmark): Rollout.Generate calls (`generate`), and the OpenAI gateway's HTTP requests
+(services/rollout/openai_api/gateway.py, through `pick` and `mark_down`). It sends every call of a session to the same
+healthy replica (rendezvous hashing on the session id: when a replica goes away only its sessions move, and they come
+back when it returns), sends calls without a session to the least-loaded healthy replica, checks health
+(grpc.health.v1) in the background and at once when a call fails with UNAVAILABLE, and retries that call on the next
+replica.
 """
 
 from __future__ import annotations
@@ -90,6 +92,11 @@ class ReplicaRouter:
                     self._load[endpoint] -= 1
 
     # ---- health ---------------------------------------------------------------------------------------------------
+    def mark_down(self, endpoint: str) -> None:
+        """A caller's own call to the replica failed (the gateway's HTTP relay): route around it until it passes a
+        health check again."""
+        self._mark(endpoint, False)
+
     def check_now(self) -> None:
         for e in self.endpoints:
             self._mark(e, self._health(e))

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry
 
-from rlfleet.config import Config
+from rlfleet.config import Config, ConfigError
 from rlfleet.data_files import DataError, rollout_source
 from rlfleet.metrics import RolloutMetrics, serve_metrics
 from rlfleet.plugins import PluginError, load_callable
@@ -35,6 +35,7 @@ from services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, Wa
 from services.rollout.engines import make_engine
 from services.rollout.engines.base import Engine
 from services.rollout.messages import sampling_from_config
+from services.rollout.openai_api.serve import start_openai_endpoint
 from services.rollout.partial import with_partial_rollouts
 from services.rollout.servicer import RolloutServicer
 from services.rollout.throughput_log import ThroughputLog
@@ -107,8 +108,16 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
     updater = WeightUpdater(engine, replica_id, args.token, cfg.weight_sync.update_timeout, receivers=receivers,
                             ack=lambda r: ws_stub.Ack(r, timeout=30.0), pause_mode=cfg.weight_sync.pause_mode,
                             verifier=weight_verifier(cfg.security))
-    ctx = ServiceContext(replica_id, engine, tokenizer, sampling_from_config(cfg.rollout.sampling), plugins.scorer,
-                         run_seed=cfg.run.seed)
+    sampling = sampling_from_config(cfg.rollout.sampling)
+    try:
+        http = start_openai_endpoint(cfg, args.token, index, replica_id, _grpc_endpoint(cfg, index, args.listen),
+                                     engine, tokenizer, sampling) if cfg.rollout.openai.enabled else None
+    except (ConfigError, OSError) as exc:
+        print(f"rollout: {' '.join(str(exc).split())}", file=sys.stderr)
+        engine.shutdown()
+        return 2
+    ctx = ServiceContext(replica_id, engine, tokenizer, sampling, plugins.scorer, run_seed=cfg.run.seed,
+                         openai=http.endpoint if http else None)
     settings = WorkSettings(replica_id=replica_id, run_id=cfg.run.name, claim_groups=cfg.rollout.claim_groups)
     log_name = replica_id if replica_id.startswith("rollout-") else f"rollout-{replica_id}"
     counters = ThroughputLog(cfg.run_dir / "metrics" / f"{log_name}.jsonl", replica_id, engine, metrics,
@@ -170,6 +179,8 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
         engine.shutdown()
         counters.close()
         server.stop(grace=1.0)
+        if http is not None:
+            http.stop()
         ws_channel.close()
         buffer_channel.close()
     if engine_lost.is_set():
@@ -179,6 +190,13 @@ def run_replica(args: ServiceArgs, receivers: Receivers = default_receivers) -> 
         log.info("terminated by SIGTERM; unfinished groups are re-queued by the buffer when their lease expires")
         return 143
     return 0 if finished else 1
+
+
+def _grpc_endpoint(cfg: Config, index: int, listen: str | None) -> str:
+    """Where callers reach this replica's gRPC server (what the OpenAI gateway's router health-checks)."""
+    address = listen or (cfg.endpoints.rollout[index] if index < len(cfg.endpoints.rollout) else "")
+    host, _, port = address.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "") else address
 
 
 def transport_receivers(cfg: Config, engine: Engine, replica_id: str, ws_channel: grpc.Channel) -> TransportReceivers:

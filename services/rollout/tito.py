@@ -57,10 +57,29 @@ class TitoSession:
     def __init__(self, tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> None:
         if not messages:
             raise ValueError("a TITO session needs at least one opening message")
+        text = render_text(tokenizer, messages, add_generation_prompt=True)
+        ids = _ids(tokenizer.encode(text, add_special_tokens=False))
+        self._start(tokenizer, [dict(m) for m in messages], text, ids)
+
+    @classmethod
+    def from_prompt(cls, tokenizer: Any, prompt: str | Sequence[int]) -> TitoSession:
+        """A session of raw completions (no chat template): the prompt text tokenised as is, or the prompt's ids."""
+        session = cls.__new__(cls)
+        if isinstance(prompt, str):
+            ids = _ids(tokenizer.encode(prompt, add_special_tokens=False))
+            session._start(tokenizer, [], prompt, ids)
+        else:
+            ids = [int(t) for t in prompt]
+            session._start(tokenizer, [], _decode_raw(tokenizer, ids), ids)
+        if not session.prompt_ids:
+            raise ValueError("a TITO session needs a non-empty prompt")
+        return session
+
+    def _start(self, tokenizer: Any, messages: list[dict[str, str]], text: str, prompt_ids: list[int]) -> None:
         self.tokenizer = tokenizer
-        self.messages: list[dict[str, str]] = [dict(m) for m in messages]
-        self._text = render_text(tokenizer, self.messages, add_generation_prompt=True)
-        self.prompt_ids: list[int] = _ids(tokenizer.encode(self._text, add_special_tokens=False))
+        self.messages: list[dict[str, str]] = messages
+        self._text = text
+        self.prompt_ids: list[int] = prompt_ids
         self.response_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
@@ -92,7 +111,7 @@ class TitoSession:
         if self.weight_version is None and ids:
             self.weight_version = versions[0]
         self.model_turns += 1
-        self._text += self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        self._text += _decode_raw(self.tokenizer, ids)
         content = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         self.messages.append({"role": "assistant", "content": content})
         return content
@@ -110,15 +129,48 @@ class TitoSession:
             raise TitoError(f"the chat template's rendering does not extend the held conversation at character {at}: "
                             f"held {self._text[at:at + 40]!r}, template {full[at:at + 40]!r}")
         suffix = _ids(self.tokenizer.encode(full[len(self._text):], add_special_tokens=False))
+        self._append_environment(suffix)
+        self.messages += new
+        self._text = full
+        return suffix
+
+    @property
+    def text(self) -> str:
+        """The whole sequence as text, special tokens kept: what a raw completion continues from."""
+        return self._text
+
+    def extend_text(self, full: str) -> list[int]:
+        """Raw completions: `full` is the held text plus new environment text; its suffix is appended (mask 0)."""
+        if not full.startswith(self._text):
+            at = next((i for i, (a, b) in enumerate(zip(full, self._text, strict=False)) if a != b),
+                      min(len(full), len(self._text)))
+            raise TitoError(f"the prompt does not extend the session's text at character {at}: held "
+                            f"{self._text[at:at + 40]!r}, prompt {full[at:at + 40]!r}")
+        suffix = _ids(self.tokenizer.encode(full[len(self._text):], add_special_tokens=False)) \
+            if len(full) > len(self._text) else []
+        self._append_environment(suffix)
+        self._text = full
+        return suffix
+
+    def extend_ids(self, ids: Sequence[int]) -> list[int]:
+        """Raw completions by token ids: `ids` is the held sequence plus new environment ids (mask 0)."""
+        ids = [int(t) for t in ids]
+        held = self.input_ids
+        if ids[:len(held)] != held:
+            at = next((i for i, (a, b) in enumerate(zip(ids, held, strict=False)) if a != b), min(len(ids), len(held)))
+            raise TitoError(f"the prompt's token ids do not extend the session's at position {at}")
+        suffix = ids[len(held):]
+        self._append_environment(suffix)
+        self._text += _decode_raw(self.tokenizer, suffix)
+        return suffix
+
+    def _append_environment(self, suffix: list[int]) -> None:
         last_version = self.token_versions[-1] if self.token_versions else 0
         self.response_ids += suffix
         self.loss_mask += [0] * len(suffix)
         self.logprobs += [0.0] * len(suffix)
         self.token_versions += [last_version] * len(suffix)
         self.routes += [None] * len(suffix)
-        self.messages += new
-        self._text = full
-        return suffix
 
     def routed_experts(self) -> RoutedExperts | None:
         """The routes of every response position ([T, layers, K], FREE_ROUTE rows where none was recorded); None when
@@ -144,6 +196,10 @@ class TitoSession:
                       routed_experts=self.routed_experts(),
                       prompt_index=ticket.prompt_index, replica_id=replica_id,
                       metadata={"turns": str(self.model_turns)})
+
+
+def _decode_raw(tokenizer: Any, ids: Sequence[int]) -> str:
+    return str(tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
 
 def _turn_routes(gen: Generation, n_tokens: int) -> list[np.ndarray | None]:

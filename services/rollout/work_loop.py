@@ -213,7 +213,7 @@ class WorkLoop:
     def _run_group(self, ticket: GroupTicket) -> None:
         started = time.monotonic()
         delivered: set[int] = set()
-        gctx = GroupContext(self._ctx, self._engine)
+        gctx = GroupContext(self._ctx, self._engine, ticket.group_id)
         with self._lock:
             self._groups[ticket.group_id] = gctx
         try:

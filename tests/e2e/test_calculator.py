@@ -1,4 +1,5 @@
-"""The calculator agent example runs to completion: multi-turn TITO samples with tool tokens masked out."""
+"""The calculator agent example runs to completion: an agent on the `openai` client, multi-turn TITO samples with tool
+tokens masked out, the run's OpenAI gateway in front of the replica."""
 
 from __future__ import annotations
 
@@ -35,3 +36,7 @@ def test_calculator_example_runs(tmp_path: Path, calculator_model: Path) -> None
     assert not {"failed", "aborted"} & set(s["buffer"]["dropped"])
     log = (run_dir / "metrics" / "trainer.jsonl").read_text()
     assert '"reward_mean"' in log
+    assert (run_dir / "pki" / "openai-api.key").stat().st_mode & 0o777 == 0o600     # mtls: the endpoint's key
+    assert "OpenAI gateway for the run's replicas at http://127.0.0.1:" in \
+        (run_dir / "logs" / "openai-gateway.log").read_text()
+    assert "serves the OpenAI API at http://127.0.0.1:" in (run_dir / "logs" / "rollout-0.log").read_text()

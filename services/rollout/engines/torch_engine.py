@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +34,7 @@ from services.rollout.engines.weights import check_update, load_safetensors_fold
 
 log = logging.getLogger(__name__)
 
+TokenCallback = Callable[[int, float], None]      # (token id, logprob) of each output token as it is chosen
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -49,6 +50,7 @@ class _Request:
     versions: list[int] = field(default_factory=list)
     seed: int | None = None          # the sampling stream's seed: a retracted request restarts it
     routes: list[np.ndarray] = field(default_factory=list)     # MoE: [layers, K] expert ids per output token
+    on_token: TokenCallback | None = None                          # streaming: told each output token as chosen
 
 
 def _eos_ids(model: torch.nn.Module) -> frozenset[int]:
@@ -111,6 +113,12 @@ class TorchEngine:
         return self._version
 
     def submit(self, input_ids: Sequence[int], sampling: SamplingParams) -> Future[Generation]:
+        return self.submit_streaming(input_ids, sampling, None)
+
+    def submit_streaming(self, input_ids: Sequence[int], sampling: SamplingParams,
+                         on_token: TokenCallback | None) -> Future[Generation]:
+        """submit, and call on_token(id, logprob) on the engine thread as each output token is chosen (keep it cheap:
+        put it on a queue). The calls are the future's output ids and logprobs, in order."""
         check_request(input_ids, sampling)
         bad = [t for t in input_ids if not 0 <= int(t) < self.vocab_size]
         if bad:                                      # refused here: inside a batch it would fail every request
@@ -125,7 +133,8 @@ class TorchEngine:
             rng = np.random.default_rng(seed) if sampling.temperature > 0 else None
             row = RowSampling(sampling.temperature, sampling.top_p, sampling.top_k, rng)
             self._waiting.append(_Request([int(t) for t in input_ids], sampling, future, row,
-                                          self.eos_ids | frozenset(sampling.stop_token_ids), seed=seed))
+                                          self.eos_ids | frozenset(sampling.stop_token_ids), seed=seed,
+                                          on_token=on_token))
             self._cv.notify_all()
         return future
 
@@ -322,6 +331,12 @@ class TorchEngine:
             req.versions.append(version)
             if routes is not None:
                 req.routes.append(routes[i].numpy())
+            if req.on_token is not None:
+                try:
+                    req.on_token(tok, lp)
+                except Exception:  # noqa: BLE001 - a listener's failure never stops the batch
+                    log.exception("streaming callback failed; the request goes on without it")
+                    req.on_token = None
             if tok in req.stop_ids:
                 done.append((first + i, "stop"))
             elif len(req.output_ids) >= req.sampling.max_new_tokens:

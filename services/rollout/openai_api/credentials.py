@@ -1,0 +1,49 @@
+"""How the OpenAI endpoint authenticates, by security.mode (what "authenticated like the rest of the run" means):
+
+- mtls (default): clients send the run's API key as a bearer token, RUN_DIR/pki/openai-api.key (0600, made fresh by
+  each `rlfleet run`, like the run CA; or rollout.openai.api_key_file). Bound beyond loopback, the endpoint also speaks
+  HTTPS with the replica's run-CA certificate, so clients verify it with RUN_DIR/pki/ca.crt.
+- token: the bearer key is the run token itself (the credential every gRPC call of the run carries).
+- none: no key, plain HTTP (explicit local experiments only, as for the gRPC services).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlfleet.config import Config, ConfigError
+from rlfleet.security.identity import Credential
+from rlfleet.security.pki import cert_paths
+from rlfleet.security.run_material import OPENAI_API_KEY
+from rlfleet.security.secret_files import read_secret
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def api_key(cfg: Config, credential: Credential) -> str | None:
+    """The bearer key the endpoint requires; None in mode none. ConfigError when mtls's key file is missing."""
+    if cfg.security.mode == "none":
+        return None
+    if cfg.security.mode == "token":
+        if not isinstance(credential, str) or not credential:
+            raise ConfigError("rollout.openai: security.mode is 'token' but this replica holds no run token")
+        return credential
+    configured = cfg.rollout.openai.api_key_file
+    if not configured and not cfg.security.pki_dir:
+        raise ConfigError("rollout.openai: security.mode is 'mtls' but neither rollout.openai.api_key_file nor "
+                          "security.pki_dir is set (rlfleet run makes RUN_DIR/pki/openai-api.key)")
+    path = Path(configured) if configured else Path(str(cfg.security.pki_dir)) / OPENAI_API_KEY
+    try:
+        key = read_secret(path).decode().strip()
+    except OSError as exc:
+        raise ConfigError(f"rollout.openai: the API key file {path}: {exc}") from None
+    if not key:
+        raise ConfigError(f"rollout.openai: the API key file {path} is empty")
+    return key
+
+
+def tls_files(cfg: Config, replica_id: str) -> tuple[Path, Path] | None:
+    """(certificate, key) for HTTPS: mtls mode with the endpoint bound beyond loopback; else None (plain HTTP)."""
+    if cfg.security.mode != "mtls" or cfg.rollout.openai.bind in LOOPBACK or not cfg.security.pki_dir:
+        return None
+    return cert_paths(Path(cfg.security.pki_dir), replica_id)
