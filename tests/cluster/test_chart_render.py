@@ -108,3 +108,26 @@ def test_keda_scaled_object_owns_the_rollout_count_on_the_buffer_room() -> None:
         'max(rlfleet:buffer_free_samples{namespace="team-a",service="run1-buffer"})'
     with pytest.raises(Exception, match="enable one"):
         render(merge(values, {"rollout": {"hpa": {"enabled": True}}}))
+
+
+def _run_config_replicas(objects: list[dict]) -> int:
+    import yaml
+
+    cm = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-config"))
+    return int(yaml.safe_load(cm["data"]["config.yaml"])["rollout"]["replicas"])
+
+
+@pytest.mark.parametrize("rollout,expected", [
+    ({"replicas": 4}, 4),
+    ({"replicas": 4, "hpa": {"enabled": True, "minReplicas": 2, "maxReplicas": 8}}, 2),
+    ({"replicas": 4, "keda": {"enabled": True, "minReplicas": 3, "maxReplicas": 8}}, 3),
+], ids=["fixed", "hpa", "keda"])
+def test_the_run_config_names_the_replicas_the_run_starts_with(rollout: dict, expected: int) -> None:
+    """The first broadcast group and NIXL publish wait for this many replicas: the Deployment's count, or the
+    autoscaler's minimum (later publishes take whoever is there)."""
+    objects = render({"rollout": rollout})
+    assert _run_config_replicas(objects) == expected
+    deployment = next(o for o in objects if o["kind"] == "Deployment"
+                      and o["metadata"]["labels"]["app.kubernetes.io/component"] == "rollout")
+    if "replicas" in deployment["spec"]:
+        assert deployment["spec"]["replicas"] == expected

@@ -156,7 +156,8 @@ class BroadcastReceiver:
                 self._cond.notify_all()
 
     def _end(self, reason: str) -> None:
-        log.warning("broadcast group: %s", reason)
+        if reason != self.dead:                 # a retry that fails the same way is not news
+            log.warning("broadcast group: %s", reason)
         with self._cond:
             self.member, self.dead = False, reason
             self._cond.notify_all()

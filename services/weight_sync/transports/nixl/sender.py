@@ -48,6 +48,7 @@ class NixlSender:
         self._pool: list[torch.Tensor] = []       # bucket buffers reused across versions: registered once
         self._known: dict[str, bytes] = {}       # remote agent name -> metadata added
         self.failed: dict[str, str] = {}         # replica -> why its last transfer failed
+        self._staged_once = False
 
     def _register(self, buf: torch.Tensor) -> None:
         base = buf._base if buf._base is not None else buf
@@ -56,7 +57,11 @@ class NixlSender:
             self._registered.add(base.data_ptr())
 
     def _targets(self) -> list[weight_sync_pb2.PeerInfo]:
-        peers = self._peers(TRANSPORT, self.expected, self.wait_seconds)
+        """The replicas registered now; the first publish waits (up to wait_seconds) for the expected ones, later
+        ones take whoever is registered (replicas may be scaled away or added mid-run)."""
+        first = not self._staged_once
+        self._staged_once = True
+        peers = self._peers(TRANSPORT, self.expected if first else 0, self.wait_seconds if first else 0.0)
         mine = plan_for(self.rank, self.world, peers)
         for p in mine:
             if self._known.get(p.agent_name) != p.agent_metadata:
