@@ -82,6 +82,14 @@ def test_dead_replica_by_failure_lost_node_or_long_unready() -> None:
     assert got["r-lost"].force and not got["r-failed"].force
 
 
+def test_a_replica_draining_after_a_scale_in_is_not_dead() -> None:
+    """Scaled in: a terminating replica drains (not Ready) for as long as rollout.drain_seconds, which may outlast
+    replica_dead_after; a deleting pod is Kubernetes's to finish, never a failure."""
+    draining = pod("r-draining", "rollout", "n1", ready=False, ready_since=1000.0)
+    draining["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert replica_failures(snap([draining, pod("r-fine", "rollout", "n2")], NODES), dead_after=300) == []
+
+
 def test_hung_tracker_needs_no_progress_past_the_deadline_with_batches_ready() -> None:
     t = HungTracker(hung_after=600)
     ready = TrainerProgress(step=7, ready_groups=16, groups_per_step=8)

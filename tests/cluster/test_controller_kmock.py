@@ -214,3 +214,34 @@ def test_recovery_that_never_completes_is_declared_failed(api: KmockApi, cluster
     assert sample(reg, "rlfleet_controller_recoveries_total", kind="node_failure", outcome="failed") == 1
     failed = next(e for e in cluster.events() if e["reason"] == "RecoveryFailed")
     assert failed["type"] == "Warning"
+
+
+def test_scaling_rollout_out_and_in_is_not_a_failure(api: KmockApi, cluster: Cluster) -> None:
+    """`kubectl scale` (or the HPA/KEDA) takes rollout from 2 to 4 replicas and back mid-run: new pods start not
+    Ready (loading the model), the removed ones go. The controller takes none of it for a failure: no pod deleted,
+    no node quarantined, no recovery, while the trainer trains on."""
+
+    clock = Clock()
+    progress = ScriptedProgress(TrainerProgress(step=40, ready_groups=8, groups_per_step=8))
+    ctl, reg = build_controller(api, clock, progress)
+    assert ctl.reconcile() == []
+    for name, where in (("run1-rollout-c", "n2"), ("run1-rollout-d", "n3")):        # scaled out to 4
+        cluster.add_pod(pod(name, "rollout", where, ready=False, phase="Pending", created=clock.now,
+                            ready_since=clock.now))
+    for _ in range(4):                               # 4 x 60 s of start-up: less than replica_dead_after (300 s)
+        clock.now += 60
+        progress.progress = TrainerProgress(step=progress.progress.step + 10, ready_groups=8, groups_per_step=8)
+        assert ctl.reconcile() == []
+    for name, where in (("run1-rollout-c", "n2"), ("run1-rollout-d", "n3")):        # both serving now
+        cluster.core.delete_namespaced_pod(name, "team-a")
+        cluster.add_pod(pod(name, "rollout", where, created=clock.now - 240, ready_since=clock.now))
+    assert ctl.reconcile() == []
+    for name in ("run1-rollout-a", "run1-rollout-b"):      # scaled in to 2: drained and deleted (kmock keeps no
+        cluster.core.delete_namespaced_pod(name, "team-a")   # terminating pods: test_controller_decisions has those)
+    assert ctl.reconcile() == []
+    controller_deletes = [r for r in cluster.requests("DELETE", "pods") if r.data and "preconditions" in r.data]
+    assert controller_deletes == []                  # the test's own deletes (what Kubernetes does) carry none
+    assert not any(_quarantined(cluster, f"n{i}") for i in range(5))
+    assert cluster.reasons() == []
+    assert sample(reg, "rlfleet_controller_actions_total", action="delete_pod") == 0
+    assert {"run1-trainer-0", "run1-trainer-1", "run1-rollout-c", "run1-rollout-d"} == set(cluster.pods())
