@@ -297,6 +297,7 @@ def test_a_frozen_member_stalls_a_publish_only_op_timeout_then_rejoins() -> None
         except GroupLost:
             m2 = sender.stage(2, 2, named(2))       # what the publisher does: the version once more
         stalled = time.monotonic() - t0
+        print(f"\nfrozen member: version 2 staged after {stalled:.1f}s (op timeout {op_timeout:.0f}s)")
         assert stalled < op_timeout + 2.0 + 15.0, stalled     # op timeout + reform wait + the copies, not 120 s
         assert sender.losses and m2.options.get("fallback") == "bucketed"
         exact(live.fetch(m2), 2)
