@@ -247,6 +247,9 @@ class TrainerConfig(_Section):
     threads: int | None = Field(None, ge=1)  # torch threads per rank; None: placement.trainer (issue 15)
     device: str = "cpu"
     routing_replay: bool = False            # MoE: replay the rollout's expert routes (R3, trainer/routing_replay.py)
+    max_seq_len: int | None = Field(None, ge=2, description=(
+        "Longest sample (prompt + response tokens) the trainer trains on; a delivered group holding a longer one is "
+        "quarantined (Buffer.Reject) rather than trained on. None: no limit."))
     # issue 5: algorithms, precision, packing, LoRA, scheduler
     kl: KlConfig = KlConfig()
     critic: CriticConfig = CriticConfig()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.v1 import sample_pb2 as rlfleet_dot_v1_dot_sample__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/buffer.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/sample.proto\"w\n\x0c\x43laimRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x04\x12\x12\n\nmax_groups\x18\x03 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x11\n\trestarted\x18\x05 \x01(\x08\"`\n\x0bGroupTicket\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x14\n\x0cprompt_index\x18\x02 \x01(\x04\x12\x12\n\ngroup_size\x18\x03 \x01(\r\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"k\n\nClaimReply\x12(\n\x07tickets\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.GroupTicket\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tcancelled\x18\x04 \x03(\t\"G\n\nPutRequest\x12#\n\x07samples\x18\x01 \x03(\x0b\x32\x12.rlfleet.v1.Sample\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"C\n\x08PutReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x11\n\tcancelled\x18\x03 \x01(\r\"s\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nnum_groups\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x10\n\x08\x63onsumer\x18\x05 \x01(\t\"t\n\x05\x42\x61tch\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.rlfleet.v1.Sample\x12\x11\n\tgroup_ids\x18\x03 \x03(\t\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x13\n\x0bredelivered\x18\x05 \x01(\x08\"6\n\nAckRequest\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x04\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\"!\n\x08\x41\x63kReply\x12\x15\n\racked_samples\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\x8d\x03\n\x0b\x42ufferStats\x12\x16\n\x0estored_samples\x18\x01 \x01(\x04\x12\x14\n\x0cready_groups\x18\x02 \x01(\x04\x12\x16\n\x0epartial_groups\x18\x03 \x01(\x04\x12\x19\n\x11tickets_in_flight\x18\x04 \x01(\x04\x12\x19\n\x11\x64\x65livered_unacked\x18\x05 \x01(\x04\x12\x15\n\racked_samples\x18\x06 \x01(\x04\x12\x35\n\x07\x64ropped\x18\x07 \x03(\x0b\x32$.rlfleet.v1.BufferStats.DroppedEntry\x12\x10\n\x08\x63\x61pacity\x18\x08 \x01(\x04\x12\x13\n\x0bput_samples\x18\t \x01(\x04\x12\x16\n\x0epolicy_version\x18\n \x01(\x04\x12\x19\n\x11next_prompt_index\x18\x0b \x01(\x04\x12\x10\n\x08\x66inished\x18\x0c \x01(\x08\x12\x18\n\x10\x63\x61ncelled_groups\x18\r \x01(\x04\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa5\x02\n\x06\x42uffer\x12\x39\n\x05\x43laim\x12\x18.rlfleet.v1.ClaimRequest\x1a\x16.rlfleet.v1.ClaimReply\x12\x33\n\x03Put\x12\x16.rlfleet.v1.PutRequest\x1a\x14.rlfleet.v1.PutReply\x12:\n\x08GetBatch\x12\x1b.rlfleet.v1.GetBatchRequest\x1a\x11.rlfleet.v1.Batch\x12\x33\n\x03\x41\x63k\x12\x16.rlfleet.v1.AckRequest\x1a\x14.rlfleet.v1.AckReply\x12:\n\x05Stats\x12\x18.rlfleet.v1.StatsRequest\x1a\x17.rlfleet.v1.BufferStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/buffer.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/sample.proto\"w\n\x0c\x43laimRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x04\x12\x12\n\nmax_groups\x18\x03 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x11\n\trestarted\x18\x05 \x01(\x08\"`\n\x0bGroupTicket\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x14\n\x0cprompt_index\x18\x02 \x01(\x04\x12\x12\n\ngroup_size\x18\x03 \x01(\r\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"k\n\nClaimReply\x12(\n\x07tickets\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.GroupTicket\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tcancelled\x18\x04 \x03(\t\"G\n\nPutRequest\x12#\n\x07samples\x18\x01 \x03(\x0b\x32\x12.rlfleet.v1.Sample\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"C\n\x08PutReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x11\n\tcancelled\x18\x03 \x01(\r\"s\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nnum_groups\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x10\n\x08\x63onsumer\x18\x05 \x01(\t\"t\n\x05\x42\x61tch\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.rlfleet.v1.Sample\x12\x11\n\tgroup_ids\x18\x03 \x03(\t\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x13\n\x0bredelivered\x18\x05 \x01(\x08\"6\n\nAckRequest\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x04\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\"!\n\x08\x41\x63kReply\x12\x15\n\racked_samples\x18\x01 \x01(\r\"R\n\rRejectRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"_\n\x0bRejectReply\x12\x1a\n\x12quarantined_groups\x18\x01 \x01(\r\x12\x1b\n\x13quarantined_samples\x18\x02 \x01(\r\x12\x17\n\x0frequeued_groups\x18\x03 \x01(\r\"\x0e\n\x0cStatsRequest\"\xaf\x04\n\x0b\x42ufferStats\x12\x16\n\x0estored_samples\x18\x01 \x01(\x04\x12\x14\n\x0cready_groups\x18\x02 \x01(\x04\x12\x16\n\x0epartial_groups\x18\x03 \x01(\x04\x12\x19\n\x11tickets_in_flight\x18\x04 \x01(\x04\x12\x19\n\x11\x64\x65livered_unacked\x18\x05 \x01(\x04\x12\x15\n\racked_samples\x18\x06 \x01(\x04\x12\x35\n\x07\x64ropped\x18\x07 \x03(\x0b\x32$.rlfleet.v1.BufferStats.DroppedEntry\x12\x10\n\x08\x63\x61pacity\x18\x08 \x01(\x04\x12\x13\n\x0bput_samples\x18\t \x01(\x04\x12\x16\n\x0epolicy_version\x18\n \x01(\x04\x12\x19\n\x11next_prompt_index\x18\x0b \x01(\x04\x12\x10\n\x08\x66inished\x18\x0c \x01(\x08\x12\x18\n\x10\x63\x61ncelled_groups\x18\r \x01(\x04\x12\x1a\n\x12quarantined_groups\x18\x0e \x01(\x04\x12J\n\x12quarantine_reasons\x18\x0f \x03(\x0b\x32..rlfleet.v1.BufferStats.QuarantineReasonsEntry\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x38\n\x16QuarantineReasonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xe3\x02\n\x06\x42uffer\x12\x39\n\x05\x43laim\x12\x18.rlfleet.v1.ClaimRequest\x1a\x16.rlfleet.v1.ClaimReply\x12\x33\n\x03Put\x12\x16.rlfleet.v1.PutRequest\x1a\x14.rlfleet.v1.PutReply\x12:\n\x08GetBatch\x12\x1b.rlfleet.v1.GetBatchRequest\x1a\x11.rlfleet.v1.Batch\x12\x33\n\x03\x41\x63k\x12\x16.rlfleet.v1.AckRequest\x1a\x14.rlfleet.v1.AckReply\x12<\n\x06Reject\x12\x19.rlfleet.v1.RejectRequest\x1a\x17.rlfleet.v1.RejectReply\x12:\n\x05Stats\x12\x18.rlfleet.v1.StatsRequest\x1a\x17.rlfleet.v1.BufferStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BUFFERSTATS_DROPPEDENTRY']._loaded_options = None
   _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_options = b'8\001'
+  _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._loaded_options = None
+  _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._serialized_options = b'8\001'
   _globals['_CLAIMREQUEST']._serialized_start=64
   _globals['_CLAIMREQUEST']._serialized_end=183
   _globals['_GROUPTICKET']._serialized_start=185
@@ -52,12 +54,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACKREQUEST']._serialized_end=823
   _globals['_ACKREPLY']._serialized_start=825
   _globals['_ACKREPLY']._serialized_end=858
-  _globals['_STATSREQUEST']._serialized_start=860
-  _globals['_STATSREQUEST']._serialized_end=874
-  _globals['_BUFFERSTATS']._serialized_start=877
-  _globals['_BUFFERSTATS']._serialized_end=1274
-  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_start=1228
-  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_end=1274
-  _globals['_BUFFER']._serialized_start=1277
-  _globals['_BUFFER']._serialized_end=1570
+  _globals['_REJECTREQUEST']._serialized_start=860
+  _globals['_REJECTREQUEST']._serialized_end=942
+  _globals['_REJECTREPLY']._serialized_start=944
+  _globals['_REJECTREPLY']._serialized_end=1039
+  _globals['_STATSREQUEST']._serialized_start=1041
+  _globals['_STATSREQUEST']._serialized_end=1055
+  _globals['_BUFFERSTATS']._serialized_start=1058
+  _globals['_BUFFERSTATS']._serialized_end=1617
+  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_start=1513
+  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_end=1559
+  _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._serialized_start=1561
+  _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._serialized_end=1617
+  _globals['_BUFFER']._serialized_start=1620
+  _globals['_BUFFER']._serialized_end=1975
 # @@protoc_insertion_point(module_scope)
