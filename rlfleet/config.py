@@ -283,6 +283,11 @@ class WeightSyncConfig(_Section):
     delta_dir: str = ""                      # disk_delta: shared folder ("" = RUN_DIR/weights_delta)
     delta_encoding: Literal["xor", "overwrite"] = "xor"
     rebase_every: int = Field(50, ge=1)      # disk_delta: a full base every this many versions
+    data_plane_tls: bool = Field(True, description=(
+        "security.mode mtls: serve the gRPC weight data plane (bucketed, broadcast's fallback) over mTLS too. False: "
+        "plaintext, each Fetch carrying a random token the manifest brings over the mTLS control plane. Needs signed "
+        "weights (replicas refuse such a version without the run's public key: integrity stays); loses the weights' "
+        "confidentiality on the wire and lets anyone who sees the traffic fetch staged versions."))
 
 
 class EvalConfig(_Section):

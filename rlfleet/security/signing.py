@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,21 +107,44 @@ def manifest_statement(manifest: Any) -> bytes:
 class HashingTee:
     """Passes (name, tensor) through to a sender unchanged, recording each tensor's BLAKE3 on the way.
 
-    Keeps `specs` of what it wraps (a ShardedState plans buckets from it), so a sender sees no difference.
+    A CPU tensor is hashed on a helper thread while the sender copies it (and takes the next one): BLAKE3 and the
+    copy both release the GIL, so signing costs little more than the copy. At most one tensor waits for its hash (the
+    next one is handed over only once the previous hash is done), so a streamed ShardedState keeps at most one extra
+    gathered tensor alive. Other devices are hashed inline. Keeps `specs` of what it wraps (a ShardedState plans
+    buckets from it), so a sender sees no difference.
     """
 
     def __init__(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._items = items
-        self.digests: dict[str, str] = {}
+        self._digests: dict[str, str] = {}
+        self._pending: tuple[str, Future[str]] | None = None
         specs = getattr(items, "specs", None)
         if specs is not None:
             self.specs = specs
 
+    @property
+    def digests(self) -> dict[str, str]:
+        """name -> BLAKE3 hex of every tensor passed through so far."""
+        self._settle()
+        return self._digests
+
+    def _settle(self) -> None:
+        if self._pending is not None:
+            name, fut = self._pending
+            self._pending = None
+            self._digests[name] = fut.result()
+
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        self.digests = {}
-        for name, t in self._items:
-            self.digests[name] = tensor_blake3(t)
-            yield name, t
+        self._digests, self._pending = {}, None
+        with ThreadPoolExecutor(1, thread_name_prefix="blake3-tee") as pool:
+            for name, t in self._items:
+                self._settle()                            # the previous tensor's hash, before taking another
+                if t.device.type == "cpu":
+                    self._pending = (name, pool.submit(tensor_blake3, t))
+                else:
+                    self._digests[name] = tensor_blake3(t)
+                yield name, t
+            self._settle()
 
 
 def sign_manifest(manifest: Any, digests: dict[str, str], signer: Signer) -> None:

@@ -106,13 +106,16 @@ def fetch(manifest: weights_pb2.WeightManifest, token: Credential, timeout: floa
           replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
     """Fetch version `manifest.version` from `manifest.endpoint` and return (name, tensor) in manifest order.
 
-    Every tensor is checked against its xxh64 and the manifest digest before anything is returned; any failure
+    Every tensor is checked against its xxh64 and the manifest digest before anything is returned (a version that
+    came over a plaintext data plane is only trusted after its signature is: the caller's job); any failure
     (RPC error, deadline, truncated stream, missing bucket, size or checksum mismatch) raises WeightTransferError.
     The returned tensors are CPU views into one buffer holding the whole version.
     """
     version = manifest.version
     layout = checked_layout(manifest, TRANSPORT)
-    with channel(manifest.endpoint, token) as ch:
+    # a plaintext data plane (weight_sync.data_plane_tls false) asks for the manifest's token instead of our identity
+    credential: Credential = manifest.data_plane_token or token
+    with channel(manifest.endpoint, credential) as ch:
         stub = weight_sync_pb2_grpc.WeightStreamStub(ch)
         request = weight_sync_pb2.FetchRequest(version=version, replica_id=replica_id)
         return receive(manifest, layout, stub.Fetch(request, timeout=timeout))
