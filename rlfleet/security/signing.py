@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,44 +106,32 @@ def manifest_statement(manifest: Any) -> bytes:
 class HashingTee:
     """Passes (name, tensor) through to a sender unchanged, recording each tensor's BLAKE3 on the way.
 
-    A CPU tensor is hashed on a helper thread while the sender copies it (and takes the next one): BLAKE3 and the
-    copy both release the GIL, so signing costs little more than the copy. At most one tensor waits for its hash (the
-    next one is handed over only once the previous hash is done), so a streamed ShardedState keeps at most one extra
-    gathered tensor alive. Other devices are hashed inline. Keeps `specs` of what it wraps (a ShardedState plans
-    buckets from it), so a sender sees no difference.
+    Keeps `specs` of what it wraps (a ShardedState plans buckets from it), so a sender sees no difference. (Hashing on
+    a helper thread while the sender copies was tried: no gain measured, bench/security_overhead.py.)
     """
 
     def __init__(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._items = items
-        self._digests: dict[str, str] = {}
-        self._pending: tuple[str, Future[str]] | None = None
+        self.digests: dict[str, str] = {}
         specs = getattr(items, "specs", None)
         if specs is not None:
             self.specs = specs
 
-    @property
-    def digests(self) -> dict[str, str]:
-        """name -> BLAKE3 hex of every tensor passed through so far."""
-        self._settle()
-        return self._digests
-
-    def _settle(self) -> None:
-        if self._pending is not None:
-            name, fut = self._pending
-            self._pending = None
-            self._digests[name] = fut.result()
-
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        self._digests, self._pending = {}, None
-        with ThreadPoolExecutor(1, thread_name_prefix="blake3-tee") as pool:
-            for name, t in self._items:
-                self._settle()                            # the previous tensor's hash, before taking another
-                if t.device.type == "cpu":
-                    self._pending = (name, pool.submit(tensor_blake3, t))
-                else:
-                    self._digests[name] = tensor_blake3(t)
-                yield name, t
-            self._settle()
+        self.digests = {}
+        for name, t in self._items:
+            self.digests[name] = tensor_blake3(t)
+            yield name, t
+
+
+class HashedTensors(list[tuple[str, torch.Tensor]]):
+    """Received (name, tensor) pairs with the BLAKE3 of each, computed by the receiver from these very bytes while
+    they arrived (the bucketed transport hashes a tensor on a helper thread as soon as its bytes are in), so
+    verify_weights checks the signed digests without hashing them again."""
+
+    def __init__(self, items: Iterable[tuple[str, torch.Tensor]], blake3_hex: dict[str, str]) -> None:
+        super().__init__(items)
+        self.blake3 = dict(blake3_hex)
 
 
 def sign_manifest(manifest: Any, digests: dict[str, str], signer: Signer) -> None:
@@ -158,7 +145,8 @@ def sign_manifest(manifest: Any, digests: dict[str, str], signer: Signer) -> Non
 
 
 def verify_weights(manifest: Any, tensors: Sequence[tuple[str, torch.Tensor]], verifier: Verifier) -> None:
-    """Raise SignatureError unless the manifest is signed by the run's key and every tensor hashes to its entry."""
+    """Raise SignatureError unless the manifest is signed by the run's key and every tensor hashes to its entry
+    (HashedTensors: to the digest its receiver computed from the received bytes)."""
     what = f"weight version {manifest.version}"
     verifier.check(WEIGHTS_CONTEXT, manifest_statement(manifest), manifest.signature, what)
     entries = list(manifest.tensors)
@@ -167,7 +155,8 @@ def verify_weights(manifest: Any, tensors: Sequence[tuple[str, torch.Tensor]], v
     for (name, t), e in zip(tensors, entries, strict=True):
         if list(t.shape) != [int(d) for d in e.shape] or str(t.dtype).removeprefix("torch.") != e.dtype:
             raise SignatureError(f"{what}: tensor {name} is {t.dtype}{list(t.shape)}, signed {e.dtype}{list(e.shape)}")
-        if tensor_blake3(t) != e.blake3:
+        got = tensors.blake3.get(name) if isinstance(tensors, HashedTensors) else None
+        if (got if got is not None else tensor_blake3(t)) != e.blake3:
             raise SignatureError(f"{what}: tensor {name} does not hash to its signed BLAKE3 digest")
 
 
