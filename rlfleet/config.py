@@ -349,6 +349,9 @@ class TrainerConfig(_Section):
     device: str = Field("cpu", description="Torch device of the trainer ranks (cpu, cuda).")
     routing_replay: bool = Field(False, description="MoE: replay the rollout's expert routes (R3, "
                                  "trainer/routing_replay.py).")
+    max_seq_len: int | None = Field(None, ge=2, description=(
+        "Longest sample (prompt + response tokens) the trainer trains on; a delivered group holding a longer one is "
+        "quarantined (Buffer.Reject) rather than trained on. None: no limit."))
     kl: KlConfig = Field(KlConfig(), description="KL penalty against the reference model.")
     critic: CriticConfig = Field(CriticConfig(), description="PPO's critic (trainer.algorithm: ppo).")
     teacher: TeacherConfig = Field(TeacherConfig(), description="The distillation teacher (trainer.algorithm: "
@@ -396,6 +399,11 @@ class WeightSyncConfig(_Section):
     delta_encoding: Literal["xor", "overwrite"] = Field("xor", description="disk_delta: changed elements as XOR "
                                                         "with the base, or their new values.")
     rebase_every: int = Field(50, ge=1, description="disk_delta: a full base every this many versions.")
+    data_plane_tls: bool = Field(True, description=(
+        "security.mode mtls: serve the gRPC weight data plane (bucketed, broadcast's fallback) over mTLS too. False: "
+        "plaintext, each Fetch carrying a random token the manifest brings over the mTLS control plane. Needs signed "
+        "weights (replicas refuse such a version without the run's public key: integrity stays); loses the weights' "
+        "confidentiality on the wire and lets anyone who sees the traffic fetch staged versions."))
 
 
 class EvalConfig(_Section):

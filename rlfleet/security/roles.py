@@ -15,11 +15,12 @@ OBSERVERS = frozenset({"controller", "operator"})
 
 # "/package.Service/Method" -> the roles allowed to call it
 ALLOWED: dict[str, frozenset[str]] = {
-    # Buffer: replicas claim and deliver; the trainer takes batches and commits steps
+    # Buffer: replicas claim and deliver; the trainer takes batches, commits steps and quarantines what it cannot use
     "/rlfleet.v1.Buffer/Claim": frozenset({"rollout"}),
     "/rlfleet.v1.Buffer/Put": frozenset({"rollout"}),
     "/rlfleet.v1.Buffer/GetBatch": frozenset({"trainer"}),
     "/rlfleet.v1.Buffer/Ack": frozenset({"trainer"}),
+    "/rlfleet.v1.Buffer/Reject": frozenset({"trainer"}),
     "/rlfleet.v1.Buffer/Stats": frozenset({"trainer"}) | OBSERVERS,
     # Rollout: the trainer evaluates (Generate) and may load weights directly; operators pause and look
     "/rlfleet.v1.Rollout/Generate": frozenset({"trainer", "operator"}),

@@ -38,9 +38,16 @@ def write_secret(path: Path, data: bytes) -> None:
 
 
 def read_secret(path: Path) -> bytes:
-    """The bytes of a secret file; PermissionError when group or others may read it (a key left world-readable)."""
+    """The bytes of a secret file; PermissionError when others may read it (a key left world-readable).
+
+    A file this user owns must be its owner's only (0600). A file another user owns (a Kubernetes Secret or a
+    csi-driver certificate, which the kubelet writes as root with the pod's fsGroup: mode 0440) may also be read by
+    its group, never written by it."""
     path = Path(path)
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        raise PermissionError(f"{path}: secret file has mode {mode:o}; it must be readable by its owner only (0600)")
+    st = path.stat()
+    mode = st.st_mode & 0o777
+    allowed = 0o700 if st.st_uid == os.geteuid() else 0o740
+    if mode & ~allowed:
+        raise PermissionError(f"{path}: secret file has mode {mode:o}; it must be readable by its owner only (0600), "
+                              "or by its owner and group when mounted for this pod (0440)")
     return path.read_bytes()

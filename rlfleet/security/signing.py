@@ -106,7 +106,8 @@ def manifest_statement(manifest: Any) -> bytes:
 class HashingTee:
     """Passes (name, tensor) through to a sender unchanged, recording each tensor's BLAKE3 on the way.
 
-    Keeps `specs` of what it wraps (a ShardedState plans buckets from it), so a sender sees no difference.
+    Keeps `specs` of what it wraps (a ShardedState plans buckets from it), so a sender sees no difference. (Hashing on
+    a helper thread while the sender copies was tried: no gain measured, bench/security_overhead.py.)
     """
 
     def __init__(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -123,6 +124,16 @@ class HashingTee:
             yield name, t
 
 
+class HashedTensors(list[tuple[str, torch.Tensor]]):
+    """Received (name, tensor) pairs with the BLAKE3 of each, computed by the receiver from these very bytes while
+    they arrived (the bucketed transport hashes a tensor on a helper thread as soon as its bytes are in), so
+    verify_weights checks the signed digests without hashing them again."""
+
+    def __init__(self, items: Iterable[tuple[str, torch.Tensor]], blake3_hex: dict[str, str]) -> None:
+        super().__init__(items)
+        self.blake3 = dict(blake3_hex)
+
+
 def sign_manifest(manifest: Any, digests: dict[str, str], signer: Signer) -> None:
     """Fill every tensor entry's blake3 from `digests` (name -> hex) and sign the manifest in place."""
     missing = [e.name for e in manifest.tensors if e.name not in digests]
@@ -134,7 +145,8 @@ def sign_manifest(manifest: Any, digests: dict[str, str], signer: Signer) -> Non
 
 
 def verify_weights(manifest: Any, tensors: Sequence[tuple[str, torch.Tensor]], verifier: Verifier) -> None:
-    """Raise SignatureError unless the manifest is signed by the run's key and every tensor hashes to its entry."""
+    """Raise SignatureError unless the manifest is signed by the run's key and every tensor hashes to its entry
+    (HashedTensors: to the digest its receiver computed from the received bytes)."""
     what = f"weight version {manifest.version}"
     verifier.check(WEIGHTS_CONTEXT, manifest_statement(manifest), manifest.signature, what)
     entries = list(manifest.tensors)
@@ -143,7 +155,8 @@ def verify_weights(manifest: Any, tensors: Sequence[tuple[str, torch.Tensor]], v
     for (name, t), e in zip(tensors, entries, strict=True):
         if list(t.shape) != [int(d) for d in e.shape] or str(t.dtype).removeprefix("torch.") != e.dtype:
             raise SignatureError(f"{what}: tensor {name} is {t.dtype}{list(t.shape)}, signed {e.dtype}{list(e.shape)}")
-        if tensor_blake3(t) != e.blake3:
+        got = tensors.blake3.get(name) if isinstance(tensors, HashedTensors) else None
+        if (got if got is not None else tensor_blake3(t)) != e.blake3:
             raise SignatureError(f"{what}: tensor {name} does not hash to its signed BLAKE3 digest")
 
 

@@ -115,13 +115,42 @@ class AckReply(_message.Message):
     acked_samples: int
     def __init__(self, acked_samples: _Optional[int] = ...) -> None: ...
 
+class RejectRequest(_message.Message):
+    __slots__ = ("step", "group_ids", "reason", "consumer")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    consumer: str
+    def __init__(self, step: _Optional[int] = ..., group_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., consumer: _Optional[str] = ...) -> None: ...
+
+class RejectReply(_message.Message):
+    __slots__ = ("quarantined_groups", "quarantined_samples", "requeued_groups")
+    QUARANTINED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    quarantined_groups: int
+    quarantined_samples: int
+    requeued_groups: int
+    def __init__(self, quarantined_groups: _Optional[int] = ..., quarantined_samples: _Optional[int] = ..., requeued_groups: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class BufferStats(_message.Message):
-    __slots__ = ("stored_samples", "ready_groups", "partial_groups", "tickets_in_flight", "delivered_unacked", "acked_samples", "dropped", "capacity", "put_samples", "policy_version", "next_prompt_index", "finished", "cancelled_groups")
+    __slots__ = ("stored_samples", "ready_groups", "partial_groups", "tickets_in_flight", "delivered_unacked", "acked_samples", "dropped", "capacity", "put_samples", "policy_version", "next_prompt_index", "finished", "cancelled_groups", "quarantined_groups", "quarantine_reasons")
     class DroppedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class QuarantineReasonsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +170,8 @@ class BufferStats(_message.Message):
     NEXT_PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINE_REASONS_FIELD_NUMBER: _ClassVar[int]
     stored_samples: int
     ready_groups: int
     partial_groups: int
@@ -154,4 +185,6 @@ class BufferStats(_message.Message):
     next_prompt_index: int
     finished: bool
     cancelled_groups: int
-    def __init__(self, stored_samples: _Optional[int] = ..., ready_groups: _Optional[int] = ..., partial_groups: _Optional[int] = ..., tickets_in_flight: _Optional[int] = ..., delivered_unacked: _Optional[int] = ..., acked_samples: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., capacity: _Optional[int] = ..., put_samples: _Optional[int] = ..., policy_version: _Optional[int] = ..., next_prompt_index: _Optional[int] = ..., finished: _Optional[bool] = ..., cancelled_groups: _Optional[int] = ...) -> None: ...
+    quarantined_groups: int
+    quarantine_reasons: _containers.ScalarMap[str, int]
+    def __init__(self, stored_samples: _Optional[int] = ..., ready_groups: _Optional[int] = ..., partial_groups: _Optional[int] = ..., tickets_in_flight: _Optional[int] = ..., delivered_unacked: _Optional[int] = ..., acked_samples: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., capacity: _Optional[int] = ..., put_samples: _Optional[int] = ..., policy_version: _Optional[int] = ..., next_prompt_index: _Optional[int] = ..., finished: _Optional[bool] = ..., cancelled_groups: _Optional[int] = ..., quarantined_groups: _Optional[int] = ..., quarantine_reasons: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -57,6 +57,11 @@ class BufferStub:
                 request_serializer=rlfleet_dot_v1_dot_buffer__pb2.AckRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_buffer__pb2.AckReply.FromString,
                 _registered_method=True)
+        self.Reject = channel.unary_unary(
+                '/rlfleet.v1.Buffer/Reject',
+                request_serializer=rlfleet_dot_v1_dot_buffer__pb2.RejectRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_buffer__pb2.RejectReply.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/rlfleet.v1.Buffer/Stats',
                 request_serializer=rlfleet_dot_v1_dot_buffer__pb2.StatsRequest.SerializeToString,
@@ -94,6 +99,12 @@ class BufferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -122,6 +133,11 @@ def add_BufferServicer_to_server(servicer, server):
                     servicer.Ack,
                     request_deserializer=rlfleet_dot_v1_dot_buffer__pb2.AckRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_buffer__pb2.AckReply.SerializeToString,
+            ),
+            'Reject': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reject,
+                    request_deserializer=rlfleet_dot_v1_dot_buffer__pb2.RejectRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_buffer__pb2.RejectReply.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -240,6 +256,33 @@ class Buffer:
             '/rlfleet.v1.Buffer/Ack',
             rlfleet_dot_v1_dot_buffer__pb2.AckRequest.SerializeToString,
             rlfleet_dot_v1_dot_buffer__pb2.AckReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.Buffer/Reject',
+            rlfleet_dot_v1_dot_buffer__pb2.RejectRequest.SerializeToString,
+            rlfleet_dot_v1_dot_buffer__pb2.RejectReply.FromString,
             options,
             channel_credentials,
             insecure,

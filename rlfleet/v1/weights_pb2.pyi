@@ -27,7 +27,7 @@ class TensorEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., xxh64: _Optional[str] = ..., blake3: _Optional[str] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "step", "transport", "endpoint", "bucket_bytes", "tensors", "total_bytes", "digest", "adapter_only", "num_buckets", "options", "signature", "epoch")
+    __slots__ = ("version", "step", "transport", "endpoint", "bucket_bytes", "tensors", "total_bytes", "digest", "adapter_only", "num_buckets", "options", "signature", "epoch", "data_plane_token")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class WeightManifest(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     version: int
     step: int
     transport: str
@@ -61,7 +62,8 @@ class WeightManifest(_message.Message):
     options: _containers.ScalarMap[str, str]
     signature: bytes
     epoch: int
-    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., transport: _Optional[str] = ..., endpoint: _Optional[str] = ..., bucket_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., adapter_only: _Optional[bool] = ..., num_buckets: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., signature: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
+    data_plane_token: str
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., transport: _Optional[str] = ..., endpoint: _Optional[str] = ..., bucket_bytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., adapter_only: _Optional[bool] = ..., num_buckets: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., signature: _Optional[bytes] = ..., epoch: _Optional[int] = ..., data_plane_token: _Optional[str] = ...) -> None: ...
 
 class UpdateResult(_message.Message):
     __slots__ = ("replica_id", "version", "ok", "error", "digest", "seconds", "bytes")

@@ -45,6 +45,7 @@ from services.buffer.mutations import (
     Issue,
     Mutation,
     Policy,
+    Quarantine,
     Refuse,
     Stale,
 )
@@ -94,6 +95,16 @@ class PutResult:
     accepted: int
     duplicates: int
     cancelled: int = 0           # samples of cancelled groups: not stored, counted as dropped (aborted)
+
+
+@dataclass(frozen=True)
+class RejectResult:
+    quarantined_groups: int
+    quarantined_samples: int
+    requeued_groups: int
+
+
+MAX_REASON = 1024       # bytes of a Reject reason kept per group
 
 
 @dataclass(frozen=True)
@@ -458,6 +469,43 @@ class BufferCore:
                                    tuple(e.seq for e in entries), len(entries), len(groups))])
             return len(entries)
 
+    # ---- Reject ---------------------------------------------------------------------------------------------------
+    @durable_reply
+    def reject(self, step: int, group_ids: Sequence[str], reason: str) -> RejectResult:
+        """Quarantine groups of the delivered batch for `step` the trainer cannot use (all of it when group_ids is
+        empty): they leave the store for good, recorded with `reason`, and are never delivered again. The batch's
+        other groups are ready again (newest), so re-asking for the step delivers a fresh batch. Durable before the
+        reply: a buffer restarted after it never hands those groups out again. Naming groups already quarantined
+        changes nothing (a retried call); a caller that may retry names its groups."""
+        reason = reason.strip()
+        if not reason:
+            raise InvalidRequest("a Reject names its reason")
+        if len(reason.encode()) > MAX_REASON:
+            raise InvalidRequest(f"reason is {len(reason.encode())} bytes, over the limit of {MAX_REASON}")
+        with self._cond:
+            self._ensure_loaded()
+            st = self.state
+            if group_ids and all(g in st.quarantined for g in group_ids):
+                return RejectResult(0, 0, 0)            # a retried Reject: already done
+            batch = st.batches.get(step)
+            if batch is None:
+                raise InvalidRequest(f"step {step} has no delivered, unacknowledged batch (committed_step "
+                                     f"{st.committed_step})")
+            named = list(dict.fromkeys(group_ids)) or list(batch.gids)
+            foreign = [g for g in named if g not in batch.gids]
+            if foreign:
+                raise InvalidRequest(f"groups {', '.join(foreign[:4])} are not in the batch for step {step}")
+            bad = set(named)
+            gone = [st.delivered[g] for g in batch.gids if g in bad]
+            kept = [g for g in batch.gids if g not in bad]
+            seqs = tuple(e.seq for g in gone for e in g.entries())
+            requeue_seqs = tuple(range(st.seq + 1, st.seq + 1 + len(kept)))
+            self._commit([Quarantine(step, tuple(g.gid for g in gone), reason, tuple(g.ready_seq for g in gone),
+                                     seqs, len(seqs), tuple(kept), requeue_seqs)])
+            log.warning("step %d: the trainer rejected %d groups (%s): %s; %d groups ready again", step, len(gone),
+                        ", ".join(g.gid for g in gone[:8]), reason, len(kept))
+            return RejectResult(len(gone), len(seqs), len(kept))
+
     # ---- samples a checkpoint already committed -------------------------------------------------------------------
     @durable_reply
     def drop_trained(self, committed: Mapping[str, int]) -> int:
@@ -506,7 +554,8 @@ class BufferCore:
                 delivered_unacked=sum(len(g.kept) for g in st.delivered.values()), acked_samples=st.acked_samples,
                 dropped=st.dropped, capacity=self.settings.capacity, put_samples=st.put_samples,
                 policy_version=st.policy_version, next_prompt_index=st.next_prompt_index, finished=self.finished,
-                cancelled_groups=st.cancelled_groups)
+                cancelled_groups=st.cancelled_groups, quarantined_groups=len(st.quarantined),
+                quarantine_reasons=st.quarantine_reasons())
 
     # ---- commit, reload, metrics ---------------------------------------------------------------------------------
     def _commit(self, muts: list[Mutation]) -> None:

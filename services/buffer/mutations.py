@@ -117,6 +117,23 @@ class AckSteps:
 
 
 @dataclass(frozen=True)
+class Quarantine:
+    """Groups of the batch for `step` the trainer rejected (Buffer.Reject): they leave the batch and the store (their
+    samples count as dropped, `quarantined`) and are recorded with the trainer's reason, for good, so they are never
+    delivered again. The batch's other groups go back to the ready queue under new ready seqs (`requeue_seqs`).
+    Replayed from a snapshot it carries only the records: no batch, no seqs."""
+
+    step: int
+    gids: tuple[str, ...]
+    reason: str
+    ready_seqs: tuple[int, ...] = ()      # the quarantined groups' ready entries that leave
+    sample_seqs: tuple[int, ...] = ()     # their samples, which leave the store
+    samples: int = 0
+    requeue: tuple[str, ...] = ()         # the batch's other groups, ready again
+    requeue_seqs: tuple[int, ...] = ()    # their new ready seqs (the Redis ready-stream ids are 0-seq)
+
+
+@dataclass(frozen=True)
 class Policy:
     version: int
 
@@ -136,9 +153,10 @@ class Counters:
     cancelled_groups: int = 0
 
 
-Mutation = Issue | Add | Close | Stale | Cancel | Discard | Refuse | Forget | Deliver | AckSteps | Policy | Counters
+Mutation = (Issue | Add | Close | Stale | Cancel | Discard | Refuse | Forget | Deliver | AckSteps | Quarantine | Policy
+            | Counters)
 _TYPES: dict[str, type] = {t.__name__: t for t in (Issue, Add, Close, Stale, Cancel, Discard, Refuse, Forget, Deliver,
-                                                   AckSteps, Policy, Counters)}
+                                                   AckSteps, Quarantine, Policy, Counters)}
 # Header field names per type, in declaration order ("data" travels as the payload). Every field is a str, number,
 # tuple or flat dict, so the header is built directly: dataclasses.asdict deep-copies and cost ~45 us a record.
 _HEADER_FIELDS: dict[type, tuple[str, ...]] = {

@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 from rlfleet.metrics import BufferMetrics
-from services.buffer.mutations import AckSteps, Add, Cancel, Close, Deliver, Discard, Mutation, Refuse, Stale
+from services.buffer.mutations import (
+    AckSteps,
+    Add,
+    Cancel,
+    Close,
+    Deliver,
+    Discard,
+    Mutation,
+    Quarantine,
+    Refuse,
+    Stale,
+)
 from services.buffer.state import State
 
 
@@ -28,6 +39,8 @@ def observe(m: BufferMetrics, state: State, muts: list[Mutation]) -> None:
                 for e in state.delivered[gid].entries():
                     m.delivered.inc()
                     m.staleness.observe(max(0, state.policy_version - e.weight_version))
+        elif isinstance(mut, Quarantine):
+            m.dropped.labels(reason="quarantined").inc(mut.samples)
         elif isinstance(mut, AckSteps):
             m.acked.inc(mut.samples)
     m.depth.set(state.stored_samples())

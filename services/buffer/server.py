@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from rlfleet.committed_ids import committed_after
 from rlfleet.config import Config
+from rlfleet.exit_codes import GAVE_UP
 from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
 from rlfleet.rpc import Server
@@ -116,6 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     jsonl.close()
     if core.superseded.is_set():
         print("buffer: superseded by a newer buffer on the same store (writer epoch); exiting", file=sys.stderr)
-        return 3
+        return GAVE_UP
     log.info("buffer stopped")
     return 0

@@ -74,6 +74,12 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
     def Ack(self, request: buffer_pb2.AckRequest, context: grpc.ServicerContext) -> buffer_pb2.AckReply:
         return buffer_pb2.AckReply(acked_samples=self._call(context, lambda: self.core.ack(request.committed_step)))
 
+    def Reject(self, request: buffer_pb2.RejectRequest, context: grpc.ServicerContext) -> buffer_pb2.RejectReply:
+        res = self._call(context, lambda: self.core.reject(request.step, list(request.group_ids), request.reason))
+        return buffer_pb2.RejectReply(quarantined_groups=res.quarantined_groups,
+                                      quarantined_samples=res.quarantined_samples,
+                                      requeued_groups=res.requeued_groups)
+
     def Stats(self, request: buffer_pb2.StatsRequest, context: grpc.ServicerContext) -> Any:
         return self._call(context, self.core.stats)
 
@@ -90,6 +96,7 @@ def add_to_server(servicer: BufferService, server: grpc.Server) -> None:
         "Put": (servicer.Put, pb.PutRequest, pb.PutReply.SerializeToString),
         "GetBatch": (servicer.GetBatch, pb.GetBatchRequest, _identity),
         "Ack": (servicer.Ack, pb.AckRequest, pb.AckReply.SerializeToString),
+        "Reject": (servicer.Reject, pb.RejectRequest, pb.RejectReply.SerializeToString),
         "Stats": (servicer.Stats, pb.StatsRequest, pb.BufferStats.SerializeToString),
     }
     handlers = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req.FromString,

@@ -17,6 +17,7 @@ from services.buffer.mutations import (
     Issue,
     Mutation,
     Policy,
+    Quarantine,
     Refuse,
     Stale,
 )
@@ -63,6 +64,15 @@ class Cancelled:
     counted: set[int] = field(default_factory=set)     # indices already counted as dropped (aborted)
 
 
+@dataclass(frozen=True)
+class Quarantined:
+    """A group the trainer rejected: kept as a record (its samples left the store), never delivered again."""
+
+    gid: str
+    step: int
+    reason: str
+
+
 @dataclass
 class Batch:
     step: int
@@ -71,7 +81,8 @@ class Batch:
 
 
 class State:
-    """Open groups (ticketed, filling), ready groups (oldest first), delivered batches, cancelled groups, counters."""
+    """Open groups (ticketed, filling), ready groups (oldest first), delivered batches, cancelled groups, quarantined
+    groups, counters."""
 
     def __init__(self) -> None:
         self.open: dict[str, Group] = {}
@@ -79,6 +90,7 @@ class State:
         self.delivered: dict[str, Group] = {}
         self.batches: dict[int, Batch] = {}
         self.cancelled: dict[str, Cancelled] = {}
+        self.quarantined: dict[str, Quarantined] = {}
         self.next_prompt_index = 0
         self.seq = 0
         self.put_samples = 0
@@ -150,6 +162,8 @@ class State:
             self.acked_samples += m.samples
             self.acked_groups += m.groups
             self.committed_step = max(self.committed_step, m.committed_step)
+        elif isinstance(m, Quarantine):
+            self._quarantine(m)
         elif isinstance(m, Policy):
             self.policy_version = m.version
         elif isinstance(m, Counters):
@@ -159,6 +173,27 @@ class State:
             self.cancelled_groups = m.cancelled_groups
         else:  # pragma: no cover - a new mutation type without a case here
             raise TypeError(f"unknown mutation {m!r}")
+
+    def _quarantine(self, m: Quarantine) -> None:
+        batch = self.batches.get(m.step)
+        if batch is not None and set(batch.gids) == {*m.gids, *m.requeue}:      # live (a snapshot has no batch)
+            del self.batches[m.step]
+            for gid in m.gids:
+                del self.delivered[gid]
+            for gid, seq in zip(m.requeue, m.requeue_seqs, strict=True):
+                g = self.delivered.pop(gid)
+                g.ready_seq = seq
+                self.ready[gid] = g                       # ready again, newest: its ready entry is re-added last
+                self.seq = max(self.seq, seq)
+        for gid in m.gids:
+            self.quarantined[gid] = Quarantined(gid, m.step, m.reason)
+        self._count_drops({"quarantined": m.samples})
+
+    def quarantine_reasons(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for q in self.quarantined.values():
+            out[q.reason] = out.get(q.reason, 0) + 1
+        return out
 
     def _count_drops(self, drops: dict[str, int]) -> None:
         for reason, n in drops.items():
@@ -179,6 +214,10 @@ class State:
                        for e in sorted(g.samples.values(), key=lambda e: e.index))
         closed = sorted((g for g in groups if g.ready_seq), key=lambda g: g.ready_seq)
         out.extend(Close(g.gid, g.kept, g.ready_seq, {}, ()) for g in closed)
+        records: dict[tuple[int, str], list[str]] = {}         # before the batches: a record never touches one
+        for q in self.quarantined.values():
+            records.setdefault((q.step, q.reason), []).append(q.gid)
+        out.extend(Quarantine(step, tuple(gids), reason) for (step, reason), gids in records.items())
         for b in sorted(self.batches.values(), key=lambda b: b.step):
             out.append(Deliver(b.step, b.gids, b.ready_seqs))
         for c in self.cancelled.values():

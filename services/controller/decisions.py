@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.controller.exit_rules import judge
 from services.controller.objects import Pod, Snapshot
 
 TRAINER = "trainer"
 ROLLOUT = "rollout"
 
 NODE_FAILURE = "node_failure"      # a node running a trainer rank is NotReady/Unknown
-RANK_FAILURE = "rank_failure"      # a trainer rank's container failed (Failed phase, non-zero exit, crash loop)
+RANK_FAILURE = "rank_failure"      # a trainer rank's container failed (Failed phase, non-zero exit, crash loop);
+                                   # its node is quarantined only for a node-level exit (exit_rules.py)
 HUNG_RANK = "hung_rank"            # no trainer step past the deadline while batches are ready
 DEAD_REPLICA = "dead_replica"      # a rollout replica failed, lost its node, or stayed not Ready too long
 
@@ -44,9 +46,10 @@ def trainer_failures(snap: Snapshot) -> list[Failure]:
                         _gang(snap), force=True)]
     failed = sorted((p for p in live if _rank_failed(p)), key=lambda p: p.name)
     if failed:
-        # An OOM kill is the run's sizing, not the node's health: restart without quarantine.
-        nodes = tuple(sorted({p.node for p in failed if p.node and not p.oom_killed}))
-        names = ", ".join(p.name for p in failed)
+        # Only a node-level exit (a faulty device, SIGBUS) quarantines; an application's exit restarts the gang.
+        verdicts = {p.name: judge(p.exits) for p in failed}
+        nodes = tuple(sorted({p.node for p in failed if p.node and verdicts[p.name][0].node_fault}))
+        names = ", ".join(f"{p.name} ({verdicts[p.name][1]})" for p in failed)
         return [Failure(RANK_FAILURE, f"{RANK_FAILURE}:{','.join(p.uid for p in failed)}",
                         f"trainer rank(s) {names} failed", nodes, _gang(snap))]
     return []

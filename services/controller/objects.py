@@ -33,7 +33,7 @@ class Pod:
     deleting: bool
     crash_looping: bool                   # a container waits in CrashLoopBackOff
     failed_exit: bool                     # a container terminated with a non-zero code (now or last time)
-    oom_killed: bool
+    exits: tuple[tuple[int, str], ...] = ()   # those terminations (exit code, kubelet reason), current ones first
     ip: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -41,21 +41,24 @@ class Pod:
     def from_json(obj: dict[str, Any]) -> Pod:
         meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status", {})
         ready = _condition(obj, "Ready")
-        crash, failed, oom = False, False, False
+        crash = False
+        now: list[tuple[int, str]] = []
+        last: list[tuple[int, str]] = []
         for cs in status.get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             crash = crash or waiting.get("reason") == "CrashLoopBackOff"
-            for term in ((cs.get("state") or {}).get("terminated"), (cs.get("lastState") or {}).get("terminated")):
+            for into, term in ((now, (cs.get("state") or {}).get("terminated")),
+                               (last, (cs.get("lastState") or {}).get("terminated"))):
                 if term and term.get("exitCode", 0) != 0:
-                    failed = True
-                    oom = oom or term.get("reason") == "OOMKilled"
+                    into.append((int(term["exitCode"]), str(term.get("reason") or "")))
         labels = meta.get("labels") or {}
         return Pod(name=meta.get("name", ""), uid=meta.get("uid", ""),
                    component=labels.get("app.kubernetes.io/component", ""), node=spec.get("nodeName"),
                    phase=status.get("phase", "Pending"), ready=bool(ready and ready.get("status") == "True"),
                    ready_changed_at=parse_time(ready.get("lastTransitionTime")) if ready else None,
                    created_at=parse_time(meta.get("creationTimestamp")), deleting=bool(meta.get("deletionTimestamp")),
-                   crash_looping=crash, failed_exit=failed, oom_killed=oom, ip=status.get("podIP"), labels=labels)
+                   crash_looping=crash, failed_exit=bool(now or last), exits=(*now, *last), ip=status.get("podIP"),
+                   labels=labels)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 
+from rlfleet.exit_codes import DEVICE_FAULT, FAILED, is_device_fault
 from rlfleet.service_main import parse_service_args
 from services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT
 from services.rollout.service import run_replica
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         logging.getLogger("services.rollout").exception("replica failed")
         print(f"rollout: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
-        raise SystemExit(1) from exc
+        raise SystemExit(DEVICE_FAULT if is_device_fault(exc) else FAILED) from exc
     if code == ENGINE_UNHEALTHY_EXIT:
         # Requests to a frozen engine may block their threads for minutes; interpreter exit would join them.
         # Everything durable is already done (samples are in the buffer; held groups go back on the next Claim).

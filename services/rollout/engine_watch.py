@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlfleet.exit_codes import GAVE_UP
 from services.rollout.engines.base import Engine
 
 log = logging.getLogger(__name__)
 
-ENGINE_UNHEALTHY_EXIT = 3      # the replica's exit code when it gave up on its engine
+ENGINE_UNHEALTHY_EXIT = GAVE_UP      # the replica's exit code when it gave up on its engine
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,10 @@ class WeightUpdater:
 
     def _fetch_and_load(self, manifest: weights_pb2.WeightManifest) -> int:
         names = [e.name for e in manifest.tensors]
+        if manifest.data_plane_token and self._verifier is None:
+            raise SignatureError(f"weight version {manifest.version} comes over a plaintext data plane "
+                                 "(weight_sync.data_plane_tls false) and this replica holds no signing public key "
+                                 "to check it with")
         tensors = self._receivers(manifest.transport)(manifest, self._token, self._timeout, self.replica_id)
         got = [n for n, _ in tensors]
         if got != names:                                                   # verify before touching the engine

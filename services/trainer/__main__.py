@@ -3,7 +3,8 @@
 Ranks come from RANK / WORLD_SIZE (default 0 / 1). A pod that runs several ranks (one per GPU) sets
 RLFLEET_POD_INDEX, RLFLEET_RANKS_PER_POD and WORLD_SIZE instead of RANK: this process then starts one child rank per
 GPU and supervises them as a gang (services/trainer/local_ranks.py). Exit 0 when the run finished; otherwise the
-reason is the last line on stderr.
+reason is the last line on stderr, and the code says whose fault it is (rlfleet/exit_codes.py: 4 for a faulty
+device, which the controller quarantines the node for; 1 for any other error).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import os
 import sys
 
+from rlfleet.exit_codes import DEVICE_FAULT, FAILED, USAGE, is_device_fault
 from rlfleet.ranks import RankLayoutError, pod_from_env, rank_env
 from rlfleet.service_main import parse_service_args
 
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         pod = pod_from_env()
     except RankLayoutError as exc:
         print(f"trainer: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     if pod is not None and len(pod) == 1:
         os.environ.update(rank_env(pod[0]))        # a pod of one rank is that rank: no child process
     elif pod is not None:
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every failure ends as one clear last line
         logging.getLogger("services.trainer").exception("trainer rank %d failed", rank)
         print(f"trainer rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return DEVICE_FAULT if is_device_fault(exc) else FAILED
     if rank == 0:
         logging.getLogger("services.trainer").info("finished: %s", summary)
     return 0

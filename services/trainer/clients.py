@@ -80,6 +80,13 @@ class BufferClient:
                      buffer_pb2.AckRequest(committed_step=committed_step, consumer=self.consumer), DEFAULT_DEADLINE)
         return reply.acked_samples
 
+    def reject(self, step: int, groups: dict[str, str]) -> buffer_pb2.RejectReply:
+        """Quarantine these groups of the batch for `step` (group id -> why); the batch's others are ready again.
+        Named groups make a retried call harmless."""
+        reason = "; ".join(sorted(set(groups.values())))[:1000]
+        req = buffer_pb2.RejectRequest(step=step, group_ids=list(groups), reason=reason, consumer=self.consumer)
+        return call("Buffer.Reject", self.address, self._stub.Reject, req, DEFAULT_DEADLINE)
+
     def close(self) -> None:
         self._channel.close()
 

@@ -10,13 +10,14 @@ nothing, so rank 0 stages once more -- now over the gRPC fallback -- and every r
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from rlfleet.config import Config
+from rlfleet.config import Config, ConfigError
 from rlfleet.rpc import channel
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import HashingTee, Signer, sign_manifest
@@ -58,6 +59,20 @@ def resolve_transport(cfg: Config, model_bytes: int) -> str:
     return choice.transport
 
 
+def plaintext_data_token(cfg: Config) -> str:
+    """weight_sync.data_plane_tls false under mtls: the random token the plaintext data plane asks every Fetch for
+    ("" when the data plane is mTLS). Only with signed weights: the signature and BLAKE3 digests are then what keep
+    the bytes honest."""
+    if cfg.weight_sync.data_plane_tls or cfg.security.mode != "mtls":
+        return ""
+    if not (cfg.security.signing_key and cfg.security.signing_public_key):
+        raise ConfigError("weight_sync.data_plane_tls false needs signed weights (security.signing_key and "
+                          "signing_public_key): a plaintext data plane keeps integrity only through the signatures")
+    log.warning("weight_sync.data_plane_tls is false: weights cross the network unencrypted (signed, so replicas "
+                "detect any change; anyone who sees the traffic can read or fetch them)")
+    return secrets.token_urlsafe(32)
+
+
 class WeightPublisher:
     """Rank 0 only. Holds the data-plane sender (bucketed and broadcast serve gRPC on endpoints.trainer_data)."""
 
@@ -76,8 +91,10 @@ class WeightPublisher:
         plug = transport(self.transport)
         if plug.needs_endpoint and not self.endpoint:
             raise ValueError("endpoints.trainer_data is empty: the trainer has nowhere to serve weights from")
+        self.data_token = plaintext_data_token(cfg) if plug.needs_endpoint else ""
         self.sender: Sender = plug.make_sender(SenderSetup(
-            endpoint=self.endpoint, token=token, bucket_bytes=int(ws.bucket_mb * 2**20), chunk_bytes=ws.chunk_kb * 1024,
+            endpoint=self.endpoint, token=self.data_token or token, bucket_bytes=int(ws.bucket_mb * 2**20),
+            chunk_bytes=ws.chunk_kb * 1024,
             control=self._control, device=self.device, rank=0, world=world, replicas=cfg.rollout.replicas,
             join_seconds=ws.join_seconds, timeout=ws.update_timeout, group_host=ws.group_host,
             op_timeout=ws.broadcast_op_timeout,
@@ -95,6 +112,7 @@ class WeightPublisher:
         manifest = self._stage(version, step, state, tee)
         if not manifest.endpoint:
             manifest.endpoint = self.endpoint
+        manifest.data_plane_token = self.data_token
         manifest.epoch = self.epoch
         if options:
             manifest.options.update(options)

@@ -15,12 +15,13 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
 from rlfleet import lineage
-from rlfleet.atomic import write_text_atomic
+from rlfleet.atomic import write_bytes_atomic, write_text_atomic
 from rlfleet.config import Config, ConfigError
 from rlfleet.dashboards import MetricsLog
 from rlfleet.metrics import TrainerMetrics, serve_metrics
 from rlfleet.plugins import load_hooks
 from rlfleet.rpc import Server, wait_healthy
+from rlfleet.sample_limits import model_limits
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import Signer, weight_verifier
 from rlfleet.service_main import listen_address
@@ -30,6 +31,7 @@ from services.trainer.algorithms import resolve
 from services.trainer.backends import TrainerBackend, data_parallel_size, make_backend
 from services.trainer.backends.fsdp import init_distributed, trainer_device
 from services.trainer.batch import rank_groups
+from services.trainer.batch_check import BatchLimits, BatchUnusable, check_batch
 from services.trainer.batch_stats import batch_stats
 from services.trainer.checkpoint_seal import latest_sealed, seal
 from services.trainer.clients import BufferClient, WeightSyncClient
@@ -45,6 +47,7 @@ from services.weight_sync.transports.sharded import ShardedState
 log = logging.getLogger(__name__)
 
 PEER_STARTUP_WAIT = 120.0     # seconds to wait for Buffer and WeightSync to report healthy at start
+MAX_REJECTS_IN_A_ROW = 20     # unusable batches for one step before the trainer gives up (a config error, likely)
 
 
 def validate(cfg: Config, world_size: int) -> None:
@@ -113,6 +116,7 @@ class Trainer:
                                grad_clip=t.grad_clip, world_size=world_size, device=self.device,
                                entropy_grad=t.policy_loss.entropy_coef > 0, single_pass=cfg.perf.single_pass)
         self.leader: Leader | None = None
+        self.limits = BatchLimits(max_seq_len=t.max_seq_len, vocab_size=model_limits(cfg.model_path).vocab_size)
         self.version = 0
         self.committed = -1
 
@@ -208,11 +212,35 @@ class Trainer:
         return metrics
 
     def _fetch_batch(self, step: int) -> buffer_pb2.Batch:
-        data = None
-        if self.leader:
-            data = self.leader.buffer.get_batch(step, self.cfg.trainer.groups_per_step, self.version) \
-                .SerializeToString()
+        data = self._usable_batch(step).SerializeToString() if self.leader else None
         return buffer_pb2.Batch.FromString(broadcast_bytes(data, self.device))
+
+    def _usable_batch(self, step: int) -> buffer_pb2.Batch:
+        """Rank 0: the batch for `step`, after quarantining (Buffer.Reject) every group this trainer cannot train on
+        and asking again (services.trainer.batch_check): bad data never crash-loops the trainer."""
+        assert self.leader is not None
+        for _ in range(MAX_REJECTS_IN_A_ROW):
+            batch = self.leader.buffer.get_batch(step, self.cfg.trainer.groups_per_step, self.version)
+            try:
+                check_batch(batch, self.limits)
+                return batch
+            except BatchUnusable as exc:
+                self._quarantine(batch, exc)
+        raise RuntimeError(f"step {step}: {MAX_REJECTS_IN_A_ROW} batches in a row held groups this trainer cannot "
+                           f"use (see {self.run_dir / 'quarantine'}); check trainer.max_seq_len and the model")
+
+    def _quarantine(self, batch: buffer_pb2.Batch, exc: BatchUnusable) -> None:
+        """Keep the rejected samples and the reasons in RUN_DIR/quarantine/ for a look, then Buffer.Reject them."""
+        assert self.leader is not None
+        bad = buffer_pb2.Batch(step=batch.step, group_ids=list(exc.groups),
+                               samples=[m for m in batch.samples if m.group_id in exc.groups])
+        stem = self.run_dir / "quarantine" / f"step_{exc.step:08d}_{next(iter(exc.groups))}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(stem.with_suffix(".batch.pb"), bad.SerializeToString())
+        write_text_atomic(stem.with_suffix(".json"), json.dumps({"step": exc.step, "groups": exc.groups}, indent=1))
+        reply = self.leader.buffer.reject(exc.step, exc.groups)
+        log.warning("%s: quarantined (%d samples, kept in %s); %d groups of the batch ready again", exc,
+                    reply.quarantined_samples, stem.parent, reply.requeued_groups)
 
     def _log_step(self, step: int, metrics: dict[str, float], step_s: float, wait_s: float, redelivered: bool) -> None:
         if not self.leader:

@@ -228,14 +228,13 @@ def test_services_start_with_the_documented_command_lines(rendered: dict) -> Non
         assert c["command"][:2] == ["python", "-m"]
         assert "--config=/etc/rlfleet/config.yaml" in c["args"] and f"--listen=0.0.0.0:{port}" in c["args"]
         assert "--metrics-port=9400" in c["args"]
-        if comp == "trainer":   # only rank 0 serves gRPC: the image's check asks it, other ranks pass
-            hc = ["python", "/usr/local/bin/rlfleet-healthcheck"]
-            assert c["readinessProbe"]["exec"]["command"] == hc and c["livenessProbe"]["exec"]["command"] == hc
-            assert {"name": "RLFLEET_HEALTH_PORT", "value": str(port)} in c["env"]
-        else:
-            assert c["readinessProbe"]["grpc"]["port"] == port and c["livenessProbe"]["grpc"]["port"] == port
+        # mtls (the default): the image's check presents the pod's certificate (the kubelet's gRPC probe has none);
+        # the trainer's asks rank 0 and passes on the other ranks
+        hc = ["python", "/usr/local/bin/rlfleet-healthcheck"]
+        assert c["readinessProbe"]["exec"]["command"] == hc and c["livenessProbe"]["exec"]["command"] == hc
         env = {e["name"]: e for e in c["env"]}
-        assert env["RLFLEET_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+        assert env["RLFLEET_HEALTH_PORT"]["value"] == str(port)
+        assert env["RLFLEET_PKI_DIR"]["value"] == "/etc/rlfleet-pki" and "RLFLEET_TOKEN" not in env
     rollout = pod_spec(component(objects, "Deployment", "rollout"))["containers"][0]
     assert "--replica-index=0" in rollout["args"] and "--replica-id=$(POD_NAME)" in rollout["args"]
     trainer = pod_spec(_trainer(objects))["containers"][0]
@@ -255,7 +254,8 @@ def test_run_config_gets_service_dns_endpoints_and_validates(rendered: dict) -> 
         assert cfg.endpoints.weight_sync == "run1-weight-sync.team-a.svc.cluster.local:50052"
         assert cfg.endpoints.rendezvous.endswith(":29500") and cfg.endpoints.trainer_data.endswith(":50054")
         assert cfg.buffer.store == "redis" and "run1-redis" in cfg.buffer.redis_url
-        assert cfg.security.mode == "token" and cfg.security.token_file is None
+        assert cfg.security.mode == "mtls" and cfg.security.pki_dir == "/etc/rlfleet-pki"
+        assert cfg.security.token_file is None
         assert cfg.run.resume is True
         assert (cfg.model.prepare is None) == scenario.startswith("gpu"), "no builder leaks into a GPU run"
 

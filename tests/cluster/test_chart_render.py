@@ -8,8 +8,11 @@ import pytest
 from tests.cluster.chart import CHART, SCENARIOS, merge, render, scenario_values
 from tests.cluster.tools import need_module
 
-# Kinds that come from optional CRDs (no upstream schema to validate against); everything else must validate.
-CRD_KINDS = {"JobSet", "LeaderWorkerSet", "ServiceMonitor", "PrometheusRule", "ScaledObject"}
+# Kinds that come from CRDs (no upstream schema to validate against; cert-manager's are checked against its
+# documented fields in test_chart_mtls.py); everything else must validate. The optional ones are opt-in; cert-manager's
+# come with the default security.mode mtls.
+OPTIONAL_CRD_KINDS = {"JobSet", "LeaderWorkerSet", "ServiceMonitor", "PrometheusRule", "ScaledObject"}
+CRD_KINDS = OPTIONAL_CRD_KINDS | {"Certificate", "Issuer"}
 KUBE_VERSIONS = ["1.28.0", "1.37.0"]
 
 
@@ -46,10 +49,10 @@ def test_every_core_object_validates_strictly(rendered: dict[str, list[dict]], s
 
 def test_optional_integrations_render_their_crd_objects(rendered: dict[str, list[dict]]) -> None:
     kinds = {o["kind"] for o in rendered["gpu-integrations"]}
-    assert CRD_KINDS - {"ScaledObject"} <= kinds, "(KEDA replaces the HPA: test_keda_scaled_object)"
+    assert OPTIONAL_CRD_KINDS - {"ScaledObject"} <= kinds, "(KEDA replaces the HPA: test_keda_scaled_object)"
     assert "HorizontalPodAutoscaler" in kinds
     plain = {o["kind"] for o in rendered["gpu-64gpus-2racks"]}
-    assert not (CRD_KINDS & plain), "CRD objects must be opt-in"
+    assert not (OPTIONAL_CRD_KINDS & plain), "CRD objects must be opt-in"
 
 
 def test_chart_lints_clean() -> None:

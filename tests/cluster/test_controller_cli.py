@@ -19,7 +19,8 @@ from tests.cluster.chart import by_kind, component, pod_spec, render  # noqa: E4
 
 def test_chart_args_parse_and_the_controller_builds(tmp_path, monkeypatch) -> None:
     need_module("helm_python")
-    objects = render({"controller": {"hungAfterSeconds": 1200, "replicaDeadAfterSeconds": 240}})
+    objects = render({"controller": {"hungAfterSeconds": 1200, "replicaDeadAfterSeconds": 240},
+                      "security": {"mode": "token"}})      # (mtls, the default: tests/cluster/test_chart_mtls.py)
     container = pod_spec(component(objects, "Deployment", "controller"))["containers"][0]
     assert container["command"] == ["python", "-m", "services.controller"]
     config = next(o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] == "run1-config")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from rlfleet import exit_codes
+from rlfleet.exit_codes import DEVICE_FAULT, is_device_fault
 from services.controller.decisions import (
     DEAD_REPLICA,
     HUNG_RANK,
@@ -11,6 +15,7 @@ from services.controller.decisions import (
     replica_failures,
     trainer_failures,
 )
+from services.controller.exit_rules import BY_EXIT_CODE
 from services.controller.objects import Node, Pod, Snapshot
 from services.controller.progress import HungTracker, TrainerProgress, suspect_ranks
 from tests.cluster.k8s_objects import node, pod
@@ -43,14 +48,63 @@ def test_node_lost_under_a_rank_quarantines_it_and_restarts_the_gang() -> None:
 
 
 def test_failed_rank_quarantines_only_its_node() -> None:
-    (f,) = trainer_failures(snap(gang(**{"1": {"exit_code": 139, "ready": False}}), NODES))
+    (f,) = trainer_failures(snap(gang(**{"1": {"exit_code": DEVICE_FAULT, "ready": False}}), NODES))
     assert f.kind == RANK_FAILURE and f.quarantine == ("n1",) and len(f.delete_pods) == 4 and not f.force
+    assert "accelerator faulty" in f.reason
+
+
+@pytest.mark.parametrize(("code", "reason", "node_fault"), [
+    (1, "Error", False),                # the trainer's crash: its own error or its data's
+    (2, "Error", False),                # bad config
+    (3, "Error", False),                # engine unhealthy (rollout), superseded buffer
+    (137, "OOMKilled", False),          # the container's memory limit: the run's sizing
+    (137, "Error", False),              # killed from outside: eviction, preemption
+    (143, "Error", False),              # SIGTERM
+    (134, "Error", False),              # SIGABRT: a watchdog or an assertion in native code
+    (139, "Error", False),              # SIGSEGV: software, usually
+    (42, "Error", False),               # not listed: restart only
+    (DEVICE_FAULT, "Error", True),      # the process found its accelerator faulty
+    (135, "Error", True),               # SIGBUS: a hardware memory error
+])
+def test_only_node_level_exits_quarantine(code: int, reason: str, node_fault: bool) -> None:
+    """The exit-code table (services/controller/exit_rules.py): application exits restart the gang, never taint."""
+    (f,) = trainer_failures(snap(gang(**{"2": {"exit_code": code, "reason": reason, "ready": False}}), NODES))
+    assert f.kind == RANK_FAILURE and len(f.delete_pods) == 4
+    assert f.quarantine == (("n2",) if node_fault else ()), f.reason
+    assert f"exit {code}" in f.reason
+
+
+def test_every_rlfleet_exit_code_is_in_the_table_and_only_device_fault_is_the_nodes() -> None:
+    codes = {v for k, v in vars(exit_codes).items() if k.isupper() and isinstance(v, int) and v}
+    assert codes <= set(BY_EXIT_CODE)
+    assert {c for c in codes if BY_EXIT_CODE[c].node_fault} == {DEVICE_FAULT}
+
+
+def test_a_crash_looping_rank_of_a_poison_batch_taints_nothing() -> None:
+    """Exit 1 again and again on the same node (a crash loop): still the application's, never the node's."""
+    (f,) = trainer_failures(snap(gang(**{"0": {"exit_code": 1, "crash_loop": True, "ready": False}}), NODES))
+    assert f.quarantine == () and "application error" in f.reason
+
+
+def test_device_faults_are_told_from_program_errors() -> None:
+    assert is_device_fault(RuntimeError("CUDA error: uncorrectable ECC error encountered"))
+    try:
+        try:
+            raise RuntimeError("NCCL WARN Cuda failure 'GPU has fallen off the bus'")
+        except RuntimeError as inner:
+            raise ValueError("step 3 failed") from inner
+    except ValueError as outer:
+        assert is_device_fault(outer)
+    for text in ("CUDA error: device-side assert triggered", "CUDA out of memory", "illegal memory access",
+                 "index out of range in self"):
+        assert not is_device_fault(RuntimeError(text)), text
 
 
 def test_crash_loop_and_failed_phase_are_failures() -> None:
     (a,) = trainer_failures(snap(gang(**{"2": {"crash_loop": True, "ready": False}}), NODES))
     (b,) = trainer_failures(snap(gang(**{"3": {"phase": "Failed", "ready": False}}), NODES))
-    assert a.quarantine == ("n2",) and b.quarantine == ("n3",)
+    assert a.kind == b.kind == RANK_FAILURE and len(a.delete_pods) == len(b.delete_pods) == 4
+    assert a.quarantine == b.quarantine == (), "no node-level exit recorded: restart only"
 
 
 def test_oom_kill_restarts_without_quarantine() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from rlfleet.v1 import sample_pb2
 from services.buffer.core import BufferCore, PutResult
-from services.buffer.errors import BufferFull, InvalidSample, StepCommitted, UnknownGroup
+from services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.filters import load_filters
 from services.buffer.settings import BufferSettings
 from services.buffer.stores import StoreError
@@ -463,3 +463,38 @@ def test_ledger_every_issued_group_is_delivered_or_dropped_with_a_reason(make_co
     assert dropped["aborted"] + dropped.get("stale", 0) == size * (len(cancelled) + len(unused))
     assert dropped["aborted"] >= size * len(cancelled)                 # every sample of a cancelled group, once
     assert s.cancelled_groups == len(cancelled) and s.acked_samples == size * steps * gps
+
+
+def test_rejected_groups_are_quarantined_for_good_and_the_rest_are_ready_again(make_core: Factory) -> None:
+    """Buffer.Reject: the named groups of a delivered batch leave with a reason, the batch's others are ready again,
+    the step gets a fresh batch, and a restarted buffer (after a compaction too) never delivers the rejected ones."""
+    core = make_core(groups_per_step=2)
+    gids = [claim_one(core) for _ in range(4)]
+    for gid in gids:
+        core.put(group(gid, 2), 0)
+    first = core.get_batch(0, 2, 0, 0)
+    assert first.group_ids == gids[:2]
+    with pytest.raises(InvalidRequest):
+        core.reject(0, [gids[2]], "not in the batch")
+    with pytest.raises(InvalidRequest):
+        core.reject(0, [gids[0]], " ")                       # a reason is required
+    res = core.reject(0, [gids[0]], "sample g0/1 has 9000 tokens, over trainer.max_seq_len 64")
+    assert (res.quarantined_groups, res.quarantined_samples, res.requeued_groups) == (1, 2, 1)
+    assert core.reject(0, [gids[0]], "retried") == type(res)(0, 0, 0)     # a retried call changes nothing
+    s = core.stats()
+    assert (s.quarantined_groups, s.dropped["quarantined"], s.ready_groups, s.delivered_unacked) == (1, 2, 3, 0)
+    assert dict(s.quarantine_reasons) == {"sample g0/1 has 9000 tokens, over trainer.max_seq_len 64": 1}
+    again = core.get_batch(0, 2, 0, 0)                        # a fresh batch: the oldest ready, the requeued last
+    assert not again.redelivered and again.group_ids == [gids[2], gids[3]]
+    core = make_core(groups_per_step=2)                       # restarted: the quarantine holds, the batch too
+    assert core.get_batch(0, 2, 0, 0).group_ids == [gids[2], gids[3]]
+    assert core.stats().quarantined_groups == 1
+    assert core.reject(0, [], "the whole batch") == type(res)(2, 4, 0)
+    assert core.stats().ready_groups == 1
+    if isinstance(core.store, EmbeddedStore):
+        core.store.compact(core.state)                        # a snapshot keeps the records too
+    core = make_core(groups_per_step=1)
+    assert core.stats().quarantined_groups == 3 and core.stats().dropped["quarantined"] == 6
+    assert core.get_batch(0, 1, 0, 0).group_ids == [gids[1]]
+    assert core.put(group(gids[0], 2), 0) == PutResult(0, 2)   # a late put of a quarantined group: ignored
+    assert core.ack(0) == 2 and core.stats().stored_samples == 0

@@ -26,6 +26,7 @@ EXPECTED: dict[str, set[str]] = {
     "/rlfleet.v1.Buffer/Put": {"rollout"},
     "/rlfleet.v1.Buffer/GetBatch": {"trainer"},
     "/rlfleet.v1.Buffer/Ack": {"trainer"},
+    "/rlfleet.v1.Buffer/Reject": {"trainer"},
     "/rlfleet.v1.Buffer/Stats": {"trainer"} | OBS,
     "/rlfleet.v1.Rollout/Generate": {"trainer", "operator"},
     "/rlfleet.v1.Rollout/Pause": {"trainer"} | OBS,

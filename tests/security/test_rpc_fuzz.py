@@ -30,9 +30,9 @@ from tests.security.pki_fixtures import make_pki
 EXAMPLES = int(os.environ.get("RLFLEET_FUZZ_EXAMPLES", "15"))
 DEADLINE = 2.0
 CALLERS = {"Buffer/Claim": "rollout", "Buffer/Put": "rollout", "Buffer/GetBatch": "trainer", "Buffer/Ack": "trainer",
-           "Buffer/Stats": "trainer", "WeightSync/Publish": "trainer", "WeightSync/Subscribe": "rollout",
-           "WeightSync/Ack": "rollout", "WeightSync/Verify": "trainer", "WeightSync/Register": "rollout",
-           "WeightSync/Peers": "trainer"}
+           "Buffer/Reject": "trainer", "Buffer/Stats": "trainer", "WeightSync/Publish": "trainer",
+           "WeightSync/Subscribe": "rollout", "WeightSync/Ack": "rollout", "WeightSync/Verify": "trainer",
+           "WeightSync/Register": "rollout", "WeightSync/Peers": "trainer"}
 COUNTS: dict[str, Counter[str]] = {}
 
 _INTS = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1),

@@ -218,3 +218,28 @@ def test_a_signature_by_another_key_or_over_other_tensors_does_not_verify(keys: 
         e.blake3 = tee2.digests[e.name]
     with pytest.raises(SignatureError, match="does not verify"):
         verify_weights(recomputed, forged, verifier)
+
+
+def test_the_bucketed_receiver_hashes_a_signed_version_as_it_arrives(keys: tuple[Signer, Verifier]) -> None:
+    """A signed version comes back with the BLAKE3 of every tensor computed from the received bytes (tensors that
+    span buckets, an empty one), equal to hashing them afterwards; verify_weights uses those digests."""
+    from rlfleet.security.signing import HashedTensors, tensor_blake3
+    from services.weight_sync.transports.bucketed import BucketedSender, fetch
+
+    signer, verifier = keys
+    named = [*tensors(3), ("empty.weight", torch.empty(0, 4)), ("big.weight", torch.randn(3000))]   # 12 KB: 12 buckets
+    sender = BucketedSender("127.0.0.1:0", None, BUCKET)
+    try:
+        manifest = _signed(sender.stage, 3, named, signer)
+        assert manifest.num_buckets > 3
+        got = fetch(manifest, None, 10.0)
+        assert isinstance(got, HashedTensors)
+        assert got.blake3 == {n: tensor_blake3(t) for n, t in named} == {e.name: e.blake3 for e in manifest.tensors}
+        verify_weights(manifest, got, verifier)
+        got.blake3["big.weight"] = "0" * 64                    # what the receiver saw is what is checked
+        with pytest.raises(SignatureError, match="big.weight"):
+            verify_weights(manifest, got, verifier)
+        manifest.ClearField("signature")
+        assert not isinstance(fetch(manifest, None, 10.0), HashedTensors)   # unsigned: nothing extra is hashed
+    finally:
+        sender.close()

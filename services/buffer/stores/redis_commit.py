@@ -23,6 +23,7 @@ from services.buffer.mutations import (
     Issue,
     Mutation,
     Policy,
+    Quarantine,
     Refuse,
     Stale,
 )
@@ -99,6 +100,9 @@ class CommitBuilder:
                 acked, acked_groups = acked + m.samples, acked_groups + m.groups
                 committed = max(committed, m.committed_step)
                 meta.update(acked=acked, acked_groups=acked_groups, committed_step=committed)
+            elif isinstance(m, Quarantine):
+                seq = max(seq, *m.requeue_seqs, 0)
+                self._quarantine(m)
             elif isinstance(m, Policy):
                 meta["policy"] = m.version
             else:
@@ -132,6 +136,24 @@ class CommitBuilder:
         self.cancelled[m.gid] = {"p": g.prompt_index, "n": g.group_size, "r": g.replica, "u": m.until,
                                  "i": list(m.indices)}
         self._drop(m.sample_seqs, {m.reason: len(m.sample_seqs)})
+
+    def _quarantine(self, m: Quarantine) -> None:
+        """The quarantined groups' ready entries and samples leave and each gets a record in `quarantine`; the
+        batch's other groups leave their (pending) ready entries and are added again at the end of the stream."""
+        moved = [self.state.delivered[gid] for gid in m.requeue]
+        old = [*m.ready_seqs, *(g.ready_seq for g in moved)]
+        if old:
+            ids = list(map(sid, old))
+            self.pipe.xack(self.k["ready"], GROUP, *ids)
+            self.pipe.xdel(self.k["ready"], *ids)
+        for g, seq in zip(moved, m.requeue_seqs, strict=True):
+            self.pipe.xadd(self.k["ready"], {"g": g.gid, "k": ",".join(map(str, g.kept)), "p": g.prompt_index,
+                                             "n": g.group_size}, id=sid(seq))
+        self.pipe.hdel(self.k["batches"], m.step)
+        if m.gids:
+            record = json.dumps({"s": m.step, "r": m.reason})
+            self.pipe.hset(self.k["quarantine"], mapping=dict.fromkeys(m.gids, record))
+        self._drop(m.sample_seqs, {"quarantined": m.samples})
 
     def _record(self, gid: str) -> dict[str, Any]:
         """The cancelled-group record as this commit leaves it (from the state when this commit has not touched it)."""

@@ -10,6 +10,8 @@ Keys under PREFIX (rlfleet:<run>:buffer):
   batches   hash step -> JSON {gids, ready_seqs}: what each unacked step was given (exact re-delivery).
   cancelled hash group_id -> JSON {p, n, r, u, i}: groups cancelled in flight, kept until u (their replica is told
             and their late puts dropped); i: indices already counted as dropped (aborted).
+  quarantine hash group_id -> JSON {s, r}: groups the trainer rejected (step, reason); their samples and ready
+            entries are gone, the record stays (they are never delivered again).
   meta      hash: cursor, seq, counters, committed step, policy version, dropped:<reason>, cancelled_groups.
   epoch     integer: the writer epoch. The first load() INCRs it and keeps the value; every commit WATCHes it and
             checks it before MULTI, so a buffer that a newer one superseded (a zombie across a partition) has its
@@ -37,7 +39,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from services.buffer.mutations import Add, Cancel, Close, Counters, Deliver, Issue, Mutation
+from services.buffer.mutations import Add, Cancel, Close, Counters, Deliver, Issue, Mutation, Quarantine
 from services.buffer.state import State
 from services.buffer.stores import StoreError, Superseded
 from services.buffer.stores.redis_commit import CONSUMER, GROUP, CommitBuilder, sid
@@ -62,7 +64,7 @@ class RedisStore:
         self.r = client or redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_timeout=30,
                                                 socket_connect_timeout=5, redis_connect_func=self._on_connect)
         self.k = {name: f"{prefix}:{name}" for name in ("samples", "open", "ready", "batches", "cancelled", "meta",
-                                                          "epoch")}
+                                                          "epoch", "quarantine")}
         self._run_id = ""
         self.epoch = 0                          # this writer's epoch, taken by the first load()
         self.failure: str | None = None
@@ -111,6 +113,11 @@ class RedisStore:
         if by_group:
             log.warning("redis store: samples of unknown groups ignored: %s", sorted(by_group)[:5])
         muts.extend(closes)
+        records: dict[tuple[int, str], list[str]] = {}        # before the batches (State._quarantine)
+        for gid_b, raw in self.r.hgetall(self.k["quarantine"]).items():
+            q = json.loads(raw)
+            records.setdefault((int(q["s"]), q["r"]), []).append(gid_b.decode())
+        muts.extend(Quarantine(step, tuple(gids), reason) for (step, reason), gids in records.items())
         muts.extend(Deliver(step, tuple(b["gids"]), tuple(b["ready_seqs"])) for step, b in sorted(batches.items()))
         for gid_b, raw in self.r.hgetall(self.k["cancelled"]).items():
             gid, c = gid_b.decode(), json.loads(raw)

@@ -30,8 +30,13 @@ class Report:
 
 
 def _summary(state: State) -> str:
-    return (f"{len(state.open)} open, {len(state.ready)} ready, {len(state.delivered)} delivered groups; "
+    text = (f"{len(state.open)} open, {len(state.ready)} ready, {len(state.delivered)} delivered groups; "
             f"committed step {state.committed_step}, cursor {state.next_prompt_index}")
+    reasons = state.quarantine_reasons()
+    if reasons:
+        text += f"; {len(state.quarantined)} quarantined groups (" + "; ".join(
+            f"{n}: {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:5]) + ")"
+    return text
 
 
 def verify(run_dir: Path) -> Report:

@@ -148,11 +148,13 @@ nodeAffinity:
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- if eq (include "rlfleet.securityMode" .) "token" }}
 - name: RLFLEET_TOKEN
   valueFrom:
     secretKeyRef:
       name: {{ include "rlfleet.tokenSecret" . }}
       key: token
+{{- end }}
 - name: HOME
   value: /tmp
 - name: PYTHONUNBUFFERED
@@ -160,7 +162,8 @@ nodeAffinity:
 {{- end -}}
 
 {{- define "rlfleet.grpcProbes" -}}
-{{- if .exec }}
+{{- /* mtls: the kubelet's gRPC probe speaks no TLS; the image's health check presents the pod's certificate. */}}
+{{- if or .exec .mtls }}
 {{- /* Trainer: only rank 0 serves gRPC; the image's health check asks rank 0's grpc.health.v1 and passes on the
 other ranks (their failures show as container exits, which the controller acts on). */}}
 startupProbe:
@@ -208,4 +211,90 @@ checksum/config: {{ include (print .Template.BasePath "/configmap-config.yaml") 
 {{- define "rlfleet.scrapeAnnotations" -}}
 prometheus.io/scrape: "true"
 prometheus.io/port: "9400"
+{{- end -}}
+
+{{/* security.mode, checked: mtls needs a certificate source, and existingSecrets names all five. */}}
+{{- define "rlfleet.securityMode" -}}
+{{- $sec := .Values.security -}}
+{{- if eq $sec.mode "mtls" -}}
+{{- with $sec.existingSecrets -}}
+{{- range $key := list "trainer" "buffer" "weightSync" "controller" "rollout" -}}
+{{- if not (index $sec.existingSecrets $key) -}}
+{{- fail (printf "security.existingSecrets.%s is not set: name a Secret for each of trainer, buffer, weightSync, controller and rollout, or use security.certManager" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if or $.Values.rollout.hpa.enabled $.Values.rollout.keda.enabled (gt (int $.Values.rollout.replicas) 1) -}}
+{{- fail "security.existingSecrets gives every rollout replica one identity (rollout-0): use rollout.replicas 1 without autoscaling, or security.certManager (a certificate per replica from the csi-driver)" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $sec.mode -}}
+{{- end -}}
+
+{{/* Where each pod finds its certificate (rlfleet.security.identity.load_identity's layout). */}}
+{{- define "rlfleet.pkiDir" -}}/etc/rlfleet-pki{{- end -}}
+
+{{/* The issuer of the run's certificates: security.certManager.issuerRef, else the run CA the chart makes. */}}
+{{- define "rlfleet.issuerRef" -}}
+{{- $ref := .Values.security.certManager.issuerRef -}}
+name: {{ default (include "rlfleet.name" (dict "root" . "component" "ca")) $ref.name }}
+kind: {{ default "Issuer" $ref.kind }}
+group: {{ default "cert-manager.io" $ref.group }}
+{{- end -}}
+
+{{/* The Secret holding component `identity`'s certificate (keys tls.crt, tls.key, ca.crt). */}}
+{{- define "rlfleet.identitySecret" -}}
+{{- $key := ternary "weightSync" .identity (eq .identity "weight_sync") -}}
+{{- with .root.Values.security.existingSecrets -}}
+{{- index . $key -}}
+{{- else -}}
+{{- printf "%s-tls" (include "rlfleet.name" (dict "root" .root "component" (.identity | replace "_" "-"))) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The volume holding component `identity`'s certificate as <identity>.crt, <identity>.key and ca.crt: its Secret
+(mode 0440: the pod's fsGroup reads it), or for a rollout replica under cert-manager its own certificate from the
+csi-driver, named for its pod (the replica id). */}}
+{{- define "rlfleet.pkiVolume" -}}
+{{- $root := .root -}}
+- name: pki
+{{- if and (eq .identity "rollout") (not $root.Values.security.existingSecrets) }}
+{{- $ref := include "rlfleet.issuerRef" $root | fromYaml }}
+{{- $svc := include "rlfleet.svcHost" (dict "root" $root "component" "rollout") }}
+  csi:
+    driver: csi.cert-manager.io
+    readOnly: true
+    volumeAttributes:
+      csi.cert-manager.io/issuer-name: {{ $ref.name | quote }}
+      csi.cert-manager.io/issuer-kind: {{ $ref.kind | quote }}
+      csi.cert-manager.io/issuer-group: {{ $ref.group | quote }}
+      csi.cert-manager.io/uri-sans: "spiffe://rlfleet/rollout/${POD_NAME}"
+      csi.cert-manager.io/common-name: "${POD_NAME}"
+      csi.cert-manager.io/dns-names: {{ printf "%s,localhost" $svc | quote }}
+      csi.cert-manager.io/ip-sans: "127.0.0.1"
+      csi.cert-manager.io/key-usages: "server auth,client auth,digital signature"
+      csi.cert-manager.io/duration: {{ $root.Values.security.certManager.duration | quote }}
+      csi.cert-manager.io/certificate-file: rollout.crt
+      csi.cert-manager.io/privatekey-file: rollout.key
+      csi.cert-manager.io/ca-file: ca.crt
+      csi.cert-manager.io/fs-group: {{ $root.Values.podSecurityContext.fsGroup | quote }}
+{{- else }}
+  secret:
+    secretName: {{ include "rlfleet.identitySecret" . }}
+    defaultMode: 0440
+    items:
+      - {key: tls.crt, path: {{ .identity }}.crt}
+      - {key: tls.key, path: {{ .identity }}.key}
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
+{{- end -}}
+
+{{/* mtls: the environment naming the certificate a container presents (services and the health check). */}}
+{{- define "rlfleet.identityEnv" -}}
+{{- if eq (include "rlfleet.securityMode" .root) "mtls" }}
+- name: RLFLEET_IDENTITY
+  value: {{ .identity }}
+- name: RLFLEET_PKI_DIR
+  value: {{ include "rlfleet.pkiDir" .root }}
+{{- end }}
 {{- end -}}

@@ -43,7 +43,7 @@ spec:
           {{- include "rlfleet.selectorLabels" $c | nindent 10 }}
   containers:
     {{- $env := list (dict "name" "OMP_NUM_THREADS" "value" "1") -}}
-    {{- include "rlfleet.serviceContainer" (dict "root" . "module" "rollout" "role" "rollout" "port" 50055 "resources" .Values.rollout.resources "gpus" $gpus "extraEnv" $env "extraArgs" (list "--replica-index=0" "--replica-id=$(POD_NAME)") "startupFailures" 90) | nindent 4 }}
+    {{- include "rlfleet.serviceContainer" (dict "root" . "module" "rollout" "role" "rollout" "port" 50055 "resources" .Values.rollout.resources "gpus" $gpus "extraEnv" $env "extraArgs" (list "--replica-index=0" (ternary "--replica-id=rollout-0" "--replica-id=$(POD_NAME)" (and (eq (include "rlfleet.securityMode" .) "mtls") (not (empty .Values.security.existingSecrets))))) "startupFailures" 90) | nindent 4 }}
   volumes:
-    {{- include "rlfleet.volumes" (dict "root" . "storage" true "gpu" (gt $gpus 0)) | nindent 4 }}
+    {{- include "rlfleet.volumes" (dict "root" . "storage" true "gpu" (gt $gpus 0) "identity" "rollout") | nindent 4 }}
 {{- end -}}

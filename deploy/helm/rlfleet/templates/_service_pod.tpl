@@ -1,5 +1,6 @@
 {{/* The container of one rlfleet service: the shared command line, config, token, probes, metrics port. */}}
 {{- define "rlfleet.serviceContainer" -}}
+{{- $mtls := eq (include "rlfleet.securityMode" .root) "mtls" -}}
 - name: {{ .module | replace "_" "-" }}
   image: {{ include "rlfleet.image" (dict "root" .root "role" .role) }}
   imagePullPolicy: {{ .root.Values.image.pullPolicy }}
@@ -13,6 +14,11 @@
     {{- end }}
   env:
     {{- include "rlfleet.commonEnv" .root | nindent 4 }}
+    {{- include "rlfleet.identityEnv" (dict "root" .root "identity" .module) | nindent 4 }}
+    {{- if and $mtls (not .execProbe) }}
+    - name: RLFLEET_HEALTH_PORT
+      value: {{ .port | quote }}
+    {{- end }}
     {{- with .extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -26,13 +32,13 @@
     {{- with .extraPorts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
-  {{- include "rlfleet.grpcProbes" (dict "port" .port "startupFailures" .startupFailures "exec" .execProbe) | nindent 2 }}
+  {{- include "rlfleet.grpcProbes" (dict "port" .port "startupFailures" .startupFailures "exec" .execProbe "mtls" $mtls) | nindent 2 }}
   resources:
     {{- include "rlfleet.resources" (dict "root" .root "resources" .resources "gpus" (default 0 .gpus)) | nindent 4 }}
   securityContext:
     {{- include "rlfleet.containerSecurityContext" (dict "root" .root "gpu" (gt (int (default 0 .gpus)) 0)) | nindent 4 }}
   volumeMounts:
-    {{- include "rlfleet.volumeMounts" (dict "root" .root "storage" true "gpu" (gt (int (default 0 .gpus)) 0) "writeCheckpoints" (eq .module "trainer")) | nindent 4 }}
+    {{- include "rlfleet.volumeMounts" (dict "root" .root "storage" true "gpu" (gt (int (default 0 .gpus)) 0) "writeCheckpoints" (eq .module "trainer") "identity" .module) | nindent 4 }}
     {{- with .extraMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -58,5 +58,5 @@ spec:
         (dict "name" "rendezvous" "containerPort" 29500 "protocol" "TCP") -}}
     {{- include "rlfleet.serviceContainer" (dict "root" . "module" "trainer" "role" "trainer" "port" 50053 "resources" .Values.trainer.resources "gpus" $gpus "extraEnv" $env "extraPorts" $ports "startupFailures" 90 "execProbe" true) | nindent 4 }}
   volumes:
-    {{- include "rlfleet.volumes" (dict "root" . "storage" true "gpu" (gt $gpus 0)) | nindent 4 }}
+    {{- include "rlfleet.volumes" (dict "root" . "storage" true "gpu" (gt $gpus 0) "identity" "trainer") | nindent 4 }}
 {{- end -}}

@@ -1,4 +1,5 @@
-{{/* Volumes of a service pod: the run config, model and checkpoint storage, scratch. */}}
+{{/* Volumes of a service pod: the run config, model and checkpoint storage, scratch, and (mtls) the certificate
+of component `identity`. */}}
 {{- define "rlfleet.volumes" -}}
 - name: config
   configMap:
@@ -13,6 +14,9 @@
 - name: data
   persistentVolumeClaim:
     claimName: {{ default (include "rlfleet.name" (dict "root" .root "component" "checkpoints")) .root.Values.storage.checkpoints.existingClaim }}
+{{- end }}
+{{- if and .identity (eq (include "rlfleet.securityMode" .root) "mtls") }}
+{{ include "rlfleet.pkiVolume" (dict "root" .root "identity" .identity) }}
 {{- end }}
 {{- if .gpu }}
 - name: dshm
@@ -41,6 +45,11 @@
   subPath: runs/{{ .root.Values.runConfig.run.name }}/checkpoints
   readOnly: true
 {{- end }}
+{{- end }}
+{{- if and .identity (eq (include "rlfleet.securityMode" .root) "mtls") }}
+- name: pki
+  mountPath: {{ include "rlfleet.pkiDir" .root }}
+  readOnly: true
 {{- end }}
 {{- if .gpu }}
 - name: dshm

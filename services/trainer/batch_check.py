@@ -1,0 +1,58 @@
+"""Whether this trainer can use a delivered batch: the data's fault, told apart from the trainer's own.
+
+A sample can pass the buffer's Put validation and still be one this trainer cannot train on: longer than
+trainer.max_seq_len, a token id past the model's embedding rows (the buffer knows the vocabulary only when it could
+read the model's config.json; on CUDA such an id is a device-side assert that ends the process), or bytes that do
+not decode. Training on it would crash the trainer, whose restart would get the same batch again. So rank 0 checks
+each batch before broadcasting it: a group with such a sample makes the batch raise BatchUnusable, the trainer
+quarantines those groups (Buffer.Reject, with the reason) and asks again for the step. Anything else that fails in
+a step is the trainer's own fault and still ends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlfleet.sample import SampleError, validate_message
+from rlfleet.sample_limits import SampleLimits
+from rlfleet.v1 import buffer_pb2, sample_pb2
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_seq_len: int | None = None     # prompt + response tokens of one sample (None: unbounded)
+    vocab_size: int | None = None      # token ids must be < this: the model's vocabulary (None: unknown)
+
+
+class BatchUnusable(Exception):
+    """Groups of the batch for `step` this trainer cannot train on: group id -> why."""
+
+    def __init__(self, step: int, groups: dict[str, str]) -> None:
+        self.step, self.groups = step, dict(groups)
+        shown = "; ".join(f"{gid}: {why}" for gid, why in list(groups.items())[:3])
+        super().__init__(f"step {step}: {len(groups)} unusable groups ({shown})")
+
+
+def sample_problem(msg: sample_pb2.Sample, limits: BatchLimits) -> str | None:
+    """Why this trainer cannot train on the sample, or None."""
+    try:
+        validate_message(msg, SampleLimits(vocab_size=limits.vocab_size))
+    except SampleError as exc:
+        return str(exc)
+    n = (len(msg.prompt_ids) + len(msg.response_ids)) // 4
+    if limits.max_seq_len is not None and n > limits.max_seq_len:
+        return f"{n} tokens (prompt + response), over trainer.max_seq_len {limits.max_seq_len}"
+    return None
+
+
+def check_batch(batch: buffer_pb2.Batch, limits: BatchLimits) -> None:
+    """Raise BatchUnusable naming every group with a sample the trainer cannot use (the first sample's reason)."""
+    bad: dict[str, str] = {}
+    for msg in batch.samples:
+        if msg.group_id in bad:
+            continue
+        why = sample_problem(msg, limits)
+        if why is not None:
+            bad[msg.group_id] = why
+    if bad:
+        raise BatchUnusable(int(batch.step), bad)
