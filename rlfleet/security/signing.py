@@ -17,6 +17,7 @@ from typing import Any
 import blake3
 import torch
 from cryptography.exceptions import InvalidSignature
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -78,7 +79,10 @@ class Verifier:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Verifier:
-        key = serialization.load_pem_public_key(Path(path).read_bytes())
+        """A public key PEM, or a certificate PEM carrying one (the chart's signing Certificate, tls.crt)."""
+        data = Path(path).read_bytes()
+        key = (x509.load_pem_x509_certificate(data).public_key() if b"-----BEGIN CERTIFICATE-----" in data
+               else serialization.load_pem_public_key(data))
         if not isinstance(key, Ed25519PublicKey):
             raise SignatureError(f"{path}: not an Ed25519 public key")
         return cls(key)

@@ -59,6 +59,7 @@ CSI_ATTRIBUTES = {"issuer-name", "issuer-kind", "issuer-group", "common-name", "
                   "pkcs12-filename", "pkcs12-password"}
 GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$")
 PKI = "/etc/rlfleet-pki"
+SIGNING = "run1-weights-signing"
 POD = "run1-rollout-7d9f-abcde"                 # the rollout pod the csi-driver issues for, in the test
 
 
@@ -108,13 +109,13 @@ def test_default_is_mtls_with_a_cert_manager_run_ca() -> None:
     problems = [p for c in by_kind(objects, "Certificate") for p in certificate_problems(c)]
     assert not problems, problems
     assert certs["run1-ca"]["isCA"] and certs["run1-ca"]["issuerRef"]["name"] == "run1-selfsigned"
-    uris = {name: spec["uris"] for name, spec in certs.items() if name != "run1-ca"}
+    uris = {name: spec["uris"] for name, spec in certs.items() if name not in ("run1-ca", SIGNING)}
     assert uris == {"run1-trainer": ["spiffe://rlfleet/trainer/trainer"], "run1-buffer": ["spiffe://rlfleet/buffer/buffer"],
                     "run1-weight-sync": ["spiffe://rlfleet/weight_sync/weight_sync"],
                     "run1-controller": ["spiffe://rlfleet/controller/controller"],
                     "run1-operator": ["spiffe://rlfleet/operator/operator"]}
     for name, spec in certs.items():
-        if name != "run1-ca":
+        if name not in ("run1-ca", SIGNING):
             assert spec["issuerRef"] == {"name": "run1-ca", "kind": "Issuer", "group": "cert-manager.io"}
             assert {"server auth", "client auth"} <= set(spec["usages"]) and "127.0.0.1" in spec["ipAddresses"]
     cfg = next(o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] == "run1-config")
@@ -146,7 +147,7 @@ def test_an_issuer_of_your_own_signs_everything_and_no_ca_is_made() -> None:
     objects = render({"security": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}})
     assert not by_kind(objects, "Issuer")
     refs = [c["spec"]["issuerRef"] for c in by_kind(objects, "Certificate")]
-    assert len(refs) == 5 and all(r == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    assert len(refs) == 6 and all(r == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
                                   for r in refs)
     attrs = next(v for v in pod_spec(component(objects, "Deployment", "rollout"))["volumes"]
                  if v["name"] == "pki")["csi"]["volumeAttributes"]
@@ -159,7 +160,9 @@ SECRETS = {"trainer": "my-trainer", "buffer": "my-buffer", "weightSync": "my-ws"
 
 
 def test_secrets_you_make_replace_cert_manager() -> None:
-    objects = render({"security": {"existingSecrets": SECRETS}})
+    with pytest.raises(Exception, match="weightSigning.existingSecret"):      # signed weights stay on
+        render({"security": {"existingSecrets": SECRETS}})
+    objects = render({"security": {"existingSecrets": SECRETS, "weightSigning": {"existingSecret": "my-signing"}}})
     assert not by_kind(objects, "Certificate") and not by_kind(objects, "Issuer")
     pods = _workload_pods(objects)
     mounted = {w: next(v for v in pods[w]["volumes"] if v["name"] == "pki")["secret"]["secretName"]
@@ -168,9 +171,11 @@ def test_secrets_you_make_replace_cert_manager() -> None:
                        "run1-rollout": "my-rollout", "run1-controller": "my-ctl"}
     assert "--replica-id=rollout-0" in pods["run1-rollout"]["containers"][0]["args"]   # the one rollout identity
     with pytest.raises(Exception, match="existingSecrets.controller"):
-        render({"security": {"existingSecrets": {k: v for k, v in SECRETS.items() if k != "controller"}}})
+        render({"security": {"existingSecrets": {k: v for k, v in SECRETS.items() if k != "controller"},
+                             "weightSigning": {"enabled": False}}})
     with pytest.raises(Exception, match="rollout.replicas 1"):
-        render({"security": {"existingSecrets": SECRETS}, "rollout": {"replicas": 2}})
+        render({"security": {"existingSecrets": SECRETS, "weightSigning": {"enabled": False}},
+                "rollout": {"replicas": 2}})
 
 
 def test_token_and_none_are_asked_for_explicitly() -> None:
@@ -222,7 +227,7 @@ def _mounted_pki(objects: list[dict], tmp: Path) -> dict[str, Path]:
     secrets = {}
     for c in by_kind(objects, "Certificate"):
         s = c["spec"]
-        if not s.get("isCA"):
+        if not s.get("isCA") and c["metadata"]["name"] != SIGNING:    # the signing key is no identity (below)
             key, crt = _issue(ca, s["uris"], s["dnsNames"], s["ipAddresses"], s["commonName"])
             secrets[s["secretName"]] = {"tls.crt": crt, "tls.key": key, "ca.crt": ca.cert_pem}
     out = {}
@@ -326,3 +331,50 @@ def test_mounted_certificates_authenticate_the_pods_to_the_real_servers(tmp_path
         buffer.stop(0)
         trainer.stop(0)
         core.close()
+
+
+def test_weights_are_signed_by_default_with_a_key_only_trainer_pods_hold(tmp_path: Path) -> None:
+    """The chart's Ed25519 Certificate (never rotated) is the signing key: trainer pods mount tls.key and tls.crt,
+    replicas tls.crt alone, and the run config points signing_key / signing_public_key there. Issued as cert-manager
+    would (a self-signed certificate over a fresh Ed25519 key stands in), the trainer's Signer and the replica's
+    Verifier agree on a signed statement, and a forged one is refused."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from rlfleet.security.signing import SignatureError, Signer, Verifier
+
+    objects = render()
+    cert = next(c for c in by_kind(objects, "Certificate") if c["metadata"]["name"] == SIGNING)
+    assert not certificate_problems(cert)
+    assert cert["spec"]["privateKey"] == {"algorithm": "Ed25519", "encoding": "PKCS8", "rotationPolicy": "Never"}
+    pods = _workload_pods(objects)
+    held = {}
+    for workload in ("run1-trainer", "run1-rollout", "run1-buffer", "run1-weight-sync"):
+        vols = [v for v in pods[workload]["volumes"] if v["name"] == "signing"]
+        held[workload] = [i["key"] for v in vols for i in v["secret"]["items"]
+                          if v["secret"]["secretName"] == cert["spec"]["secretName"]]
+    assert held == {"run1-trainer": ["tls.crt", "tls.key"], "run1-rollout": ["tls.crt"], "run1-buffer": [],
+                    "run1-weight-sync": []}
+    cfg = next(o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] == "run1-config")
+    security = parse_config(yaml.safe_load(cfg["data"]["config.yaml"]), "chart").security
+    assert (security.signing_key, security.signing_public_key) == ("/etc/rlfleet-signing/weights-signing.key",
+                                                                   "/etc/rlfleet-signing/weights-signing.crt")
+    key = Ed25519PrivateKey.generate()                 # what cert-manager writes: tls.key PKCS8, tls.crt over it
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cert["spec"]["commonName"])])
+    now = dt.datetime.now(dt.UTC)
+    crt = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+           .serial_number(x509.random_serial_number()).not_valid_before(now)
+           .not_valid_after(now + dt.timedelta(days=1)).sign(key, None))
+    (tmp_path / "weights-signing.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    os.chmod(tmp_path / "weights-signing.key", 0o600)
+    (tmp_path / "weights-signing.crt").write_bytes(crt.public_bytes(serialization.Encoding.PEM))
+    signer, verifier = Signer.from_file(tmp_path / "weights-signing.key"), Verifier.from_file(
+        tmp_path / "weights-signing.crt")
+    signature = signer.sign(b"ctx", b"version 7")
+    verifier.check(b"ctx", b"version 7", signature, "version 7")
+    with pytest.raises(SignatureError):
+        verifier.check(b"ctx", b"version 8", signature, "version 8")
+    off = render({"security": {"weightSigning": {"enabled": False}}})
+    assert not [c for c in by_kind(off, "Certificate") if c["metadata"]["name"] == SIGNING]
+    cfg_off = next(o for o in by_kind(off, "ConfigMap") if o["metadata"]["name"] == "run1-config")
+    assert parse_config(yaml.safe_load(cfg_off["data"]["config.yaml"]), "chart").security.signing_key is None

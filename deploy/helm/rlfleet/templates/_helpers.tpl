@@ -231,6 +231,25 @@ prometheus.io/port: "9400"
 {{- $sec.mode -}}
 {{- end -}}
 
+{{/* The Secret of the weight-signing key (keys tls.key: Ed25519 PKCS8 PEM; tls.crt: a certificate or public key
+PEM holding its public key), or "" when weights go unsigned: security.weightSigning.existingSecret, else under mtls
+with cert-manager the Secret of the chart's Ed25519 Certificate (certificates.yaml). */}}
+{{- define "rlfleet.signingSecret" -}}
+{{- $ws := .Values.security.weightSigning -}}
+{{- if $ws.enabled -}}
+{{- if $ws.existingSecret -}}
+{{- $ws.existingSecret -}}
+{{- else if eq (include "rlfleet.securityMode" .) "mtls" -}}
+{{- if .Values.security.existingSecrets -}}
+{{- fail "security.existingSecrets: name the weight-signing key too (security.weightSigning.existingSecret, keys tls.key and tls.crt), or set security.weightSigning.enabled false" -}}
+{{- end -}}
+{{- include "rlfleet.name" (dict "root" . "component" "weights-signing") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rlfleet.signingDir" -}}/etc/rlfleet-signing{{- end -}}
+
 {{/* Where each pod finds its certificate (rlfleet.security.identity.load_identity's layout). */}}
 {{- define "rlfleet.pkiDir" -}}/etc/rlfleet-pki{{- end -}}
 

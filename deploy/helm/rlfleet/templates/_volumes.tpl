@@ -18,6 +18,20 @@ of component `identity`. */}}
 {{- if and .identity (eq (include "rlfleet.securityMode" .root) "mtls") }}
 {{ include "rlfleet.pkiVolume" (dict "root" .root "identity" .identity) }}
 {{- end }}
+{{- $signing := include "rlfleet.signingSecret" .root }}
+{{- if and $signing (has .identity (list "trainer" "rollout")) }}
+{{- /* The private key reaches trainer pods only; replicas get the public half (a Secret volume mounts the items it
+lists and no others). */}}
+- name: signing
+  secret:
+    secretName: {{ $signing }}
+    defaultMode: 0440
+    items:
+      - {key: tls.crt, path: weights-signing.crt}
+      {{- if eq .identity "trainer" }}
+      - {key: tls.key, path: weights-signing.key}
+      {{- end }}
+{{- end }}
 {{- if .gpu }}
 - name: dshm
   emptyDir:
@@ -49,6 +63,11 @@ of component `identity`. */}}
 {{- if and .identity (eq (include "rlfleet.securityMode" .root) "mtls") }}
 - name: pki
   mountPath: {{ include "rlfleet.pkiDir" .root }}
+  readOnly: true
+{{- end }}
+{{- if and (include "rlfleet.signingSecret" .root) (has .identity (list "trainer" "rollout")) }}
+- name: signing
+  mountPath: {{ include "rlfleet.signingDir" .root }}
   readOnly: true
 {{- end }}
 {{- if .gpu }}
