@@ -16,8 +16,8 @@ from typing import Any
 
 import blake3
 import torch
-from cryptography.exceptions import InvalidSignature
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
