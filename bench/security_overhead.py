@@ -157,8 +157,8 @@ def main() -> None:
                 rate = weight_sync(ns.mb, tls, sign, Path(tmp) / f"{r}-{i}", plain)
                 rates[label] = max(rates.get(label, 0.0), rate)
     off = rates["tls=False signed=False"]
-    for label, r in rates.items():
-        print(f"bucketed weight sync {ns.mb} MB (stage + fetch) {label}: {r:.3f} GB/s (x{r / off:.3f} of off)")
+    for label, gbps in rates.items():
+        print(f"bucketed weight sync {ns.mb} MB (stage + fetch) {label}: {gbps:.3f} GB/s (x{gbps / off:.3f} of off)")
     if ns.run:
         addition(ns.steps)
 
