@@ -239,7 +239,8 @@ def run_raw_redis(url: str, redis_pid: int, size: int, groups: int, a: Args) -> 
             put(w, gs)
 
     def consume(samples: int) -> list[float]:
-        got, out = 0, list[float]()
+        got = 0
+        out: list[float] = []
         while got < samples:
             reply = r.xreadgroup("g", "c", {key: ">"}, count=GROUP_SIZE * a.step_groups, block=5000)
             entries = reply[0][1] if reply else []

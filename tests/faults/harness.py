@@ -250,7 +250,8 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
     rng = random.Random(seed)
     kinds = EMBEDDED_FAULTS if store == "embedded" else REDIS_FAULTS
     cluster = Cluster(work, store, steps)
-    ledger, errors, events = Ledger(), list[str](), []
+    ledger, events = Ledger(), []
+    errors: list[str] = []
     over = threading.Event()
 
     def stub() -> buffer_pb2_grpc.BufferStub:

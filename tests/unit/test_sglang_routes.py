@@ -111,7 +111,8 @@ class _Answering(SGLangClient):
 
     def __init__(self, answer: dict[str, Any]) -> None:
         super().__init__("http://sglang.invalid", timeout=1.0)
-        self.answer, self.bodies = answer, list[Any]()
+        self.answer = answer
+        self.bodies: list[Any] = []
 
     def _call(self, method: str, path: str, body: Any, timeout: float) -> Any:
         self.bodies.append(body)
