@@ -101,6 +101,9 @@ def report(name: str, rate: float | None, latencies: list[float], cpu: dict[str,
 
 
 class Args:
+    groups_1k: int
+    groups_64k: int
+    rounds: int
     stores: str
     put_groups: int
     claim_groups: int
@@ -176,7 +179,7 @@ def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: in
                     put(tickets[i:i + a.put_groups])
 
         def consume(steps_: range) -> list[float]:
-            out = []
+            out: list[float] = []
             for step in steps_:
                 batch = stub.GetBatch(buffer_pb2.GetBatchRequest(step=step, num_groups=a.step_groups,
                                                                  wait_seconds=10), timeout=30)
@@ -236,7 +239,8 @@ def run_raw_redis(url: str, redis_pid: int, size: int, groups: int, a: Args) -> 
             put(w, gs)
 
     def consume(samples: int) -> list[float]:
-        got, out = 0, []
+        got = 0
+        out: list[float] = []
         while got < samples:
             reply = r.xreadgroup("g", "c", {key: ">"}, count=GROUP_SIZE * a.step_groups, block=5000)
             entries = reply[0][1] if reply else []
@@ -299,7 +303,7 @@ def main() -> None:
                     raw_cpu = report("raw redis streams", raw, lat, cpu, n)
                     report("raw redis idle, one step", None, idle)
                     for store in args.stores.split(","):
-                        rates = {}
+                        rates: dict[str, float] = {}
                         for fsync in ("everysec", "always"):
                             name = f"{store}/{fsync}"
                             rate, lat, idle, cpu, n = run_service(work, store, server.url, server.proc.pid, size,
@@ -321,10 +325,10 @@ def main() -> None:
               f"({', '.join(f'{v:.2f}' for v in values)})")
     if args.rounds > 1:
         print("median ratio to raw redis over rounds (samples/s; CPU per sample):")
-        for (size, store), values in ratios.items():
-            rates, cpus = [v[0] for v in values], [v[1] for v in values]
-            print(f"  {size // 1024:>2} KiB buffer[{store}]: {statistics.median(rates):.2f} "
-                  f"({', '.join(f'{v:.2f}' for v in rates)});  {statistics.median(cpus):.2f} "
+        for (size, store), pairs in ratios.items():
+            rate_ratios, cpus = [v[0] for v in pairs], [v[1] for v in pairs]
+            print(f"  {size // 1024:>2} KiB buffer[{store}]: {statistics.median(rate_ratios):.2f} "
+                  f"({', '.join(f'{v:.2f}' for v in rate_ratios)});  {statistics.median(cpus):.2f} "
                   f"({', '.join(f'{v:.2f}' for v in cpus)})")
 
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from rlfleet.protocols import GroupTicket, Prompt, SamplingParams  # noqa: E402
+from rlfleet.protocols import GroupTicket, Prompt, RolloutContext, RolloutFn, SamplingParams  # noqa: E402
 from rlfleet.rpc import channel  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
 from services.buffer.core import BufferCore  # noqa: E402
@@ -43,8 +43,8 @@ TOKEN = "bench"
 
 
 
-def make_rollout_fn(tokens: int) -> Callable[[EngineContext, Prompt, GroupTicket], Iterator[Sample]]:
-    def fn(ctx: EngineContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+def make_rollout_fn(tokens: int) -> RolloutFn:
+    def fn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
         flat = random.Random(prompt.index).random() < 0.5            # about half the groups: all rewards equal
         ids = [1, 4 + prompt.index % 10, 5]
         futures = [ctx.generate(ids, SamplingParams(max_new_tokens=tokens, seed=i, stop_token_ids=()))
@@ -68,7 +68,7 @@ def run(tmp: Path, model: Path, over_sample: float, steps: int, gps: int, size: 
     engine = TorchEngine(model, max_batch_size=64, eos_token_ids=())
     stop = threading.Event()
     ch = channel(f"127.0.0.1:{server.port}", TOKEN)
-    prompts = {i: Prompt(index=i, token_ids=[1, 5]) for i in range(100_000)}
+    prompts = {i: Prompt(index=i, token_ids=(1, 5)) for i in range(100_000)}
     loop = WorkLoop(ch, engine, EngineContext(engine, "bench"), prompts, make_rollout_fn(tokens),
                     WorkSettings(replica_id="bench", run_id="bench", claim_groups=4 * gps, claim_wait=2.0), stop)
     runner = threading.Thread(target=loop.run, daemon=True)

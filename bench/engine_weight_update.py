@@ -21,6 +21,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -29,8 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from examples.addition.model import tiny_llama_config  # noqa: E402
 from examples.addition.tokenizer import save_tokenizer  # noqa: E402
+from rlfleet.v1 import weights_pb2  # noqa: E402
+from services.rollout.engines.base import Engine  # noqa: E402
 from services.rollout.engines.sglang.client import SGLangClient  # noqa: E402
-from services.rollout.engines.sglang.engine import SGLangEngine  # noqa: E402
+from services.rollout.engines.sglang.engine import SGLangEngine, Verify, WeightPath  # noqa: E402
 from services.rollout.engines.sglang.server import SGLangServer  # noqa: E402
 from services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from services.rollout.weight_updates import WeightUpdater  # noqa: E402
@@ -60,7 +63,7 @@ def write_model(path: Path, hidden: int, layers: int) -> Path:
     return path
 
 
-def publish_to_all(updaters: list[WeightUpdater], manifest: object) -> tuple[float, list[float]]:
+def publish_to_all(updaters: list[WeightUpdater], manifest: weights_pb2.WeightManifest) -> tuple[float, list[float]]:
     """Seconds until every replica acknowledged ok (and each replica's own seconds)."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(updaters)) as pool:
@@ -103,8 +106,9 @@ def main() -> None:
     try:
         version = 0
         for _ in range(args.rounds):
-            for path, verify in (("disk", "read_back"), ("distributed", "read_back"), ("disk", "sent"),
-                                 ("distributed", "sent")):
+            modes: tuple[tuple[WeightPath, Verify], ...] = (("disk", "read_back"), ("distributed", "read_back"),
+                                                             ("disk", "sent"), ("distributed", "sent"))
+            for path, verify in modes:
                 version += 1
                 _, state = model_state(args.hidden, args.layers, version, vocab)
                 manifest = sender.stage(version, version, list(state.items()))   # published
@@ -119,11 +123,13 @@ def main() -> None:
                     print(f"v{version} {name:30s}: every replica serving after {total * 1e3:8.1f} ms "
                           f"(replicas {', '.join(f'{s * 1e3:.0f}' for s in each)} ms)", flush=True)
         print("\none replica, one more version, by phase (no transport):", flush=True)
-        for name, engine in (("built-in", built_in[0]), ("sglang disk", sgl[0]), ("sglang distributed", sgl[0])):
+        phases: tuple[tuple[str, Engine], ...] = (("built-in", built_in[0]), ("sglang disk", sgl[0]),
+                                                  ("sglang distributed", sgl[0]))
+        for name, engine in phases:
             version += 1
             _, state = model_state(args.hidden, args.layers, version, vocab)
             if isinstance(engine, SGLangEngine):
-                engine.weight_path, engine.verify = name.split()[1], "read_back"
+                engine.weight_path, engine.verify = cast(WeightPath, name.split()[1]), "read_back"
             t0 = time.perf_counter()
             engine.update_weights_from_tensor(list(state.items()), version)
             t1 = time.perf_counter()
@@ -134,8 +140,8 @@ def main() -> None:
                   flush=True)
     finally:
         sender.close()
-        for e in built_in:
-            e.shutdown()
+        for torch_engine in built_in:
+            torch_engine.shutdown()
         for e in sgl:
             e.shutdown()
     base = statistics.median(times["built-in"])

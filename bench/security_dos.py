@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -54,7 +55,7 @@ def start_buffer(run: Path, security: dict) -> tuple[subprocess.Popen, str]:
     return proc, f"127.0.0.1:{port}"
 
 
-def flood(address: str, make_channel) -> list[str]:  # type: ignore[no-untyped-def]
+def flood(address: str, make_channel: Callable[[], grpc.Channel]) -> list[str]:
     body = buffer_pb2.PutRequest()
     body.samples.add(group_id="g0", index=0, group_size=2, prompt_ids=b"\0" * BIG)
     raw = body.SerializeToString()

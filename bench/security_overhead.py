@@ -19,6 +19,7 @@ import secrets
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import blake3
@@ -68,7 +69,7 @@ def identities() -> tuple[Identity, Identity]:
             Identity("rollout", "rollout-0", r.key_pem, r.cert_pem, ca.cert_pem))
 
 
-def _sender(conn, mb: int, trainer: Identity | None, key: str | None,  # type: ignore[no-untyped-def]
+def _sender(conn: Connection, mb: int, trainer: Identity | None, key: str | None,
             plain_data: bool = False) -> None:
     torch.set_num_threads(1)
     data_token = secrets.token_urlsafe(32) if plain_data else ""
@@ -156,8 +157,8 @@ def main() -> None:
                 rate = weight_sync(ns.mb, tls, sign, Path(tmp) / f"{r}-{i}", plain)
                 rates[label] = max(rates.get(label, 0.0), rate)
     off = rates["tls=False signed=False"]
-    for label, r in rates.items():
-        print(f"bucketed weight sync {ns.mb} MB (stage + fetch) {label}: {r:.3f} GB/s (x{r / off:.3f} of off)")
+    for label, gbps in rates.items():
+        print(f"bucketed weight sync {ns.mb} MB (stage + fetch) {label}: {gbps:.3f} GB/s (x{gbps / off:.3f} of off)")
     if ns.run:
         addition(ns.steps)
 

@@ -142,12 +142,12 @@ def main() -> None:
     variants: list[tuple[str, dict]] = [("rlfleet", {})]
     for spec in a.variant:
         name, _, body = spec.partition(":")
-        sets = {}
+        overrides: dict = {}
         for pair in filter(None, body.split(",")):
             k, _, v = pair.partition("=")
             import yaml
-            sets[k] = yaml.safe_load(v)
-        variants.append((f"rlfleet[{name}]", sets))
+            overrides[k] = yaml.safe_load(v)
+        variants.append((f"rlfleet[{name}]", overrides))
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"# {a.model}: {a.steps} steps x {a.groups} groups x {a.group_size}, {a.new_tokens} new tokens; "
@@ -157,7 +157,7 @@ def main() -> None:
         a.seed_now = seed
         task = addition_task(seed, work) if small else smollm2_task(seed, work)
         before = _evaluate(task, task["warm"], a)
-        runs = [] if a.skip_trl else [("trl", None)]
+        runs: list[tuple[str, dict | None]] = [] if a.skip_trl else [("trl", None)]
         runs += variants
         for name, sets in runs:
             out = work / f"seed{seed}_{name.replace('[', '_').replace(']', '')}"

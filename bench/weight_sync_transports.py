@@ -15,6 +15,7 @@ import multiprocessing as mp
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from rlfleet.rpc import Server, channel  # noqa: E402
 from rlfleet.v1 import weight_sync_pb2_grpc  # noqa: E402
 from services.weight_sync.board import VersionBoard  # noqa: E402
 from services.weight_sync.servicer import WeightSyncServicer  # noqa: E402
+from services.weight_sync.transports.contract import Receiver, Sender  # noqa: E402
 from services.weight_sync.transports.peers import PeerDirectory  # noqa: E402
 
 
@@ -67,12 +69,13 @@ class Plane:
         self.directory = PeerDirectory(channel(self.address, None))
 
 
-def _sender(kind: str, address: str, mb: int, bucket_mb: int, versions: int, conn: object) -> None:
+def _sender(kind: str, address: str, mb: int, bucket_mb: int, versions: int, conn: Connection) -> None:
     from services.weight_sync.transports.bucketed.sender import BucketedSender
 
     torch.set_num_threads(1)
     directory = PeerDirectory(channel(address, None))
     params = make_params(mb, 0)
+    sender: Sender
     if kind == "broadcast":
         from services.weight_sync.transports.broadcast.sender import BroadcastSender
 
@@ -97,6 +100,7 @@ def bench_transport(kind: str, mb: int, bucket_mb: int, versions: int) -> list[f
     plane = Plane()
     params = make_params(mb, 0)
     n = nbytes(params)
+    receiver: Receiver
     if kind == "broadcast":
         from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
@@ -152,7 +156,10 @@ def bench_delta(mb: int) -> None:
             delta_bytes = int(m2.options["file_bytes"])
             held = dict(before)
             t0 = time.perf_counter()
-            DeltaReceiver(lambda held=held: (1, held)).fetch(m2, None, 600.0)
+            def holdings(held: dict[str, torch.Tensor] = held) -> tuple[int, dict[str, torch.Tensor]]:
+                return 1, held
+
+            DeltaReceiver(holdings).fetch(m2, None, 600.0)
             apply_s = time.perf_counter() - t0
             print(f"  disk-delta {encoding}: {delta_bytes / 2**20:.2f} MiB per update = {100 * delta_bytes / full:.2f}%"
                   f" of {full / 2**30:.2f} GiB bf16; write {write_s:.2f}s; fetch+apply+verify {apply_s:.2f}s")

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def _addition_rows(count: int, seed: int) -> list[dict[str, str]]:
+def _addition_rows(count: int, seed: int) -> list[dict[str, str | None]]:
     from examples.addition.data import train_prompts
 
     source = train_prompts(seed=seed)

@@ -16,11 +16,16 @@ import json
 import multiprocessing as mp
 import sys
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+if TYPE_CHECKING:
+    from services.weight_sync.transports.contract import Receiver, Sender
 
 
 def d2d_gbps(n: int, device: str) -> float:
@@ -45,7 +50,7 @@ def params(mb: int, device: str) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _trainer(kind: str, address: str, mb: int, bucket_mb: int, device: str, conn: object) -> None:
+def _trainer(kind: str, address: str, mb: int, bucket_mb: int, device: str, conn: Connection) -> None:
     from rlfleet.rpc import channel
     from services.weight_sync.transports.bucketed.sender import BucketedSender
     from services.weight_sync.transports.peers import PeerDirectory
@@ -53,6 +58,7 @@ def _trainer(kind: str, address: str, mb: int, bucket_mb: int, device: str, conn
     torch.cuda.set_device(torch.device(device))
     directory = PeerDirectory(channel(address, None))
     named = params(mb, device)
+    sender: Sender
     if kind == "broadcast":
         from services.weight_sync.transports.broadcast.sender import BroadcastSender
 
@@ -90,6 +96,7 @@ def run(kind: str, mb: int, bucket_mb: int) -> list[float]:
     directory = PeerDirectory(channel(address, None))
     send_dev = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
     n = sum(t.numel() * t.element_size() for _, t in params(mb, "cuda:0"))
+    receiver: Receiver
     if kind == "broadcast":
         from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -63,7 +63,7 @@ def _logprobs(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -> to
     return forward_logprobs(model, batch, ctx.temperature, ctx.routing_replay)
 
 
-def effective_sample_size(metrics: dict[str, float]) -> float | None:
+def effective_sample_size(metrics: Mapping[str, float]) -> float | None:
     """Normalised ESS of the importance weights, (E w)^2 / E w^2 in (0, 1], from global token means."""
     mean, sq = metrics.get("tis_weight_mean"), metrics.get("tis_weight_sq_mean")
     if mean is None or sq is None or sq <= 0:

@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from rlfleet.v1 import weights_pb2
+from rlfleet.v1 import weight_sync_pb2, weights_pb2
 
 KEEP_MANIFESTS = 16   # older versions stay verifiable for a while
 
@@ -77,7 +77,7 @@ class VersionBoard:
         self._replicas: dict[str, Replica] = {}
         self._ids = itertools.count(1)
         self._closed = False
-        self._peers: dict[tuple[str, str], object] = {}      # (transport, peer id) -> PeerInfo
+        self._peers: dict[tuple[str, str], weight_sync_pb2.PeerInfo] = {}      # (transport, peer id) -> PeerInfo
 
     # --- trainer -------------------------------------------------------------------------------------------------
     def publish(self, manifest: weights_pb2.WeightManifest) -> int:
@@ -136,13 +136,13 @@ class VersionBoard:
                               time.monotonic() - pub.at if pub else None)
 
     # --- data-plane peers (NIXL agents, the trainer's collective rendezvous) ----------------------------------------
-    def register(self, peer: object, transport: str, peer_id: str) -> None:
+    def register(self, peer: weight_sync_pb2.PeerInfo, transport: str, peer_id: str) -> None:
         """Remember (or replace) how to reach `peer_id`'s data plane for `transport`."""
         with self._cond:
             self._peers[(transport, peer_id)] = peer
             self._cond.notify_all()
 
-    def peers(self, transport: str, min_peers: int, wait_seconds: float) -> list[object]:
+    def peers(self, transport: str, min_peers: int, wait_seconds: float) -> list[weight_sync_pb2.PeerInfo]:
         """Registered peers of `transport` (by id), waiting up to wait_seconds until there are min_peers."""
         deadline = time.monotonic() + max(0.0, wait_seconds)
         with self._cond:

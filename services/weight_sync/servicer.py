@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import cast
 
 import grpc
 
@@ -111,7 +110,7 @@ class WeightSyncServicer(weight_sync_pb2_grpc.WeightSyncServicer):
         if left is not None:
             wait = min(wait, max(0.0, left - 0.2))
         found = self._board.peers(request.transport, request.min_peers, wait)
-        return weight_sync_pb2.PeersReply(peers=cast(list[weight_sync_pb2.PeerInfo], found))
+        return weight_sync_pb2.PeersReply(peers=found)
 
     def _write(self, record: dict) -> None:
         if self._jsonl is not None:

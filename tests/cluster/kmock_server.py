@@ -44,8 +44,11 @@ class KmockApi:
 
     def call(self, fn: Callable[[kmock.KubernetesEmulator], Any]) -> Any:
         """Run fn(emulator) on the server's loop (to add reactions or read state safely)."""
+        emulator = self.emulator
+        assert emulator is not None, "start() first"
+
         async def run() -> Any:
-            return fn(self.emulator)
+            return fn(emulator)
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
 
     def api_client(self) -> client.ApiClient:
@@ -57,9 +60,12 @@ class KmockApi:
         return self.call(lambda em: list(em._requests))
 
     def stop(self) -> None:
+        emulator = self.emulator
+        assert emulator is not None, "start() first"
+
         async def leave() -> None:
             await self._server.__aexit__(None, None, None)
-            await self.emulator.__aexit__(None, None, None)
+            await emulator.__aexit__(None, None, None)
         try:
             asyncio.run_coroutine_threadsafe(leave(), self._loop).result(timeout=10)
         except TimeoutError:

@@ -28,7 +28,7 @@ def snap(pods: list[dict], nodes: list[dict], now: float = 2000.0) -> Snapshot:
                     nodes={n["metadata"]["name"]: Node.from_json(n, Q) for n in nodes})
 
 
-def gang(n: int = 4, **overrides: dict) -> list[dict]:
+def gang(n: int = 4, /, **overrides: dict) -> list[dict]:
     return [pod(f"run1-trainer-{i}", "trainer", f"n{i}", **overrides.get(str(i), {})) for i in range(n)]
 
 

@@ -230,7 +230,9 @@ def test_scaling_rollout_out_and_in_is_not_a_failure(api: KmockApi, cluster: Clu
                             ready_since=clock.now))
     for _ in range(4):                               # 4 x 60 s of start-up: less than replica_dead_after (300 s)
         clock.now += 60
-        progress.progress = TrainerProgress(step=progress.progress.step + 10, ready_groups=8, groups_per_step=8)
+        step = progress.progress.step
+        assert step is not None
+        progress.progress = TrainerProgress(step=step + 10, ready_groups=8, groups_per_step=8)
         assert ctl.reconcile() == []
     for name, where in (("run1-rollout-c", "n2"), ("run1-rollout-d", "n3")):        # both serving now
         cluster.core.delete_namespaced_pod(name, "team-a")

@@ -42,7 +42,8 @@ import grpc
 import yaml
 
 from rlfleet.rpc import wait_healthy
-from rlfleet.v1 import buffer_pb2
+from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
+from services.buffer.stores import Store
 from services.buffer.stores.embedded import LOG_NAME, decode_commit
 from services.buffer.stores.logfile import HEADER_BYTES, scan
 from tests.faults.ledger import Fault, Ledger, Verdict, check
@@ -137,14 +138,14 @@ class Cluster:
         if self.redis is not None:
             from services.buffer.stores.redis_streams import RedisStore
 
-            store: object = RedisStore(self.redis.url, prefix="rlfleet:faults:buffer")
-            state = store.load()  # type: ignore[attr-defined]
+            store: Store = RedisStore(self.redis.url, prefix="rlfleet:faults:buffer")
+            state = store.load()
         else:
             from services.buffer.stores.embedded import EmbeddedStore
 
             store = EmbeddedStore(self.run_dir / "buffer")
-            state = store.load()  # type: ignore[attr-defined]
-        store.close()  # type: ignore[attr-defined]
+            state = store.load()
+        store.close()
         return ({f"{g.gid}/{i}" for g in state.open.values() for i in g.samples}
                 | {f"{g.gid}/{i}" for g in state.ready.values() for i in g.kept})
 
@@ -249,18 +250,22 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
     rng = random.Random(seed)
     kinds = EMBEDDED_FAULTS if store == "embedded" else REDIS_FAULTS
     cluster = Cluster(work, store, steps)
-    ledger, errors, events = Ledger(), [], []
+    ledger, events = Ledger(), []
+    errors: list[str] = []
     over = threading.Event()
 
-    def stub() -> object:
+    def stub() -> buffer_pb2_grpc.BufferStub:
         return cluster.buffer.stub()
 
     def replica(k: int) -> Callable[[threading.Event, int], None]:
         def body(dead: threading.Event, n: int) -> None:
             first = True
             while True:
-                reply = retry(lambda f=first: stub().Claim(buffer_pb2.ClaimRequest(  # type: ignore[attr-defined]
-                    replica_id=f"r{k}", max_groups=2, wait_seconds=0.5, restarted=f), timeout=5), dead)
+                def claim(f: bool = first) -> buffer_pb2.ClaimReply:
+                    return stub().Claim(buffer_pb2.ClaimRequest(
+                        replica_id=f"r{k}", max_groups=2, wait_seconds=0.5, restarted=f), timeout=5)
+
+                reply = retry(claim, dead)
                 first = False
                 if reply.finished or over.is_set():
                     return
@@ -271,8 +276,10 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
                         s = make_sample(t.group_id, i, t.group_size)
                         s.replica_id = f"r{k}"
                         try:
-                            retry(lambda s=s: stub().Put(buffer_pb2.PutRequest(  # type: ignore[attr-defined]
-                                samples=[s], wait_seconds=1), timeout=5), dead)
+                            def put(s: sample_pb2.Sample = s) -> buffer_pb2.PutReply:
+                                return stub().Put(buffer_pb2.PutRequest(samples=[s], wait_seconds=1), timeout=5)
+
+                            retry(put, dead)
                         except grpc.RpcError as exc:     # as a replica does: a refused group is dropped
                             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                                 raise
@@ -284,11 +291,14 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
         records = read_records(cluster.run_dir)
         start = max(records, default=-1) + 1
         if start:
-            retry(lambda: stub().Ack(buffer_pb2.AckRequest(committed_step=start - 1), timeout=5), dead)  # type: ignore[attr-defined]
+            retry(lambda: stub().Ack(buffer_pb2.AckRequest(committed_step=start - 1), timeout=5), dead)
         for step in range(start, steps):
             while True:
-                batch = retry(lambda st=step: stub().GetBatch(buffer_pb2.GetBatchRequest(  # type: ignore[attr-defined]
-                    step=st, num_groups=GROUPS_PER_STEP, wait_seconds=0.5), timeout=5), dead)
+                def get_batch(st: int = step) -> buffer_pb2.Batch:
+                    return stub().GetBatch(buffer_pb2.GetBatchRequest(
+                        step=st, num_groups=GROUPS_PER_STEP, wait_seconds=0.5), timeout=5)
+
+                batch = retry(get_batch, dead)
                 if batch.complete:
                     break
             ids = [f"{s.group_id}/{s.index}" for s in batch.samples]
@@ -303,7 +313,10 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
             ledger.commit(step, ids)
             if dead.is_set():
                 raise Stop                        # killed between the record and the Ack
-            retry(lambda st=step: stub().Ack(buffer_pb2.AckRequest(committed_step=st), timeout=5), dead)  # type: ignore[attr-defined]
+            def ack(st: int = step) -> buffer_pb2.AckReply:
+                return stub().Ack(buffer_pb2.AckRequest(committed_step=st), timeout=5)
+
+            retry(ack, dead)
 
     workers = {f"r{k}": Worker(f"r{k}", replica(k), errors) for k in range(REPLICAS)}
     the_trainer = Worker("trainer", trainer, errors)

@@ -275,6 +275,8 @@ def test_a_frozen_member_stalls_a_publish_only_op_timeout_then_rejoins() -> None
                              join_seconds=60, op_timeout=op_timeout, reform_seconds=2.0)
     replicas = [Replica(plane.address) for _ in range(2)]
     frozen, live = replicas
+    frozen_pid = frozen.proc.pid
+    assert frozen_pid is not None
     big = 4000                                  # 16 MB: far past what the sockets buffer
 
     def named(version: int) -> list[tuple[str, torch.Tensor]]:
@@ -290,7 +292,7 @@ def test_a_frozen_member_stalls_a_publish_only_op_timeout_then_rejoins() -> None
         assert m1.options["members"] == "2" and all(r.conn.recv_bytes() == b"member" for r in replicas)
         for r in replicas:
             exact(r.fetch(m1), 1)
-        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        os.kill(frozen_pid, signal.SIGSTOP)
         t0 = time.monotonic()
         try:
             m2 = sender.stage(2, 2, named(2))
@@ -301,7 +303,7 @@ def test_a_frozen_member_stalls_a_publish_only_op_timeout_then_rejoins() -> None
         assert stalled < op_timeout + 2.0 + 15.0, stalled     # op timeout + reform wait + the copies, not 120 s
         assert sender.losses and m2.options.get("fallback") == "bucketed"
         exact(live.fetch(m2), 2)
-        os.kill(frozen.proc.pid, signal.SIGCONT)
+        os.kill(frozen_pid, signal.SIGCONT)
         wait_until(lambda: sender.members + sender.waiting == 2, 60)   # both in or waiting for the next generation
         m3, _ = publish(sender, 3, named(3))
         assert sender.members == 2 and "fallback" not in m3.options
@@ -309,7 +311,7 @@ def test_a_frozen_member_stalls_a_publish_only_op_timeout_then_rejoins() -> None
         for r in replicas:
             exact(r.fetch(m3), 3)                   # ... and takes version 3 from the group with the other
     finally:
-        os.kill(frozen.proc.pid, signal.SIGCONT)
+        os.kill(frozen_pid, signal.SIGCONT)
         for r in replicas:
             r.close()
         sender.close()

@@ -16,7 +16,7 @@ from services.buffer.core import BufferCore, PutResult
 from services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
 from services.buffer.filters import load_filters
 from services.buffer.settings import BufferSettings
-from services.buffer.stores import StoreError
+from services.buffer.stores import Store, StoreError
 from services.buffer.stores.embedded import EmbeddedStore
 from services.buffer.stores.redis_streams import RedisStore
 from tests.support.redis_server import RedisServer
@@ -27,7 +27,8 @@ _prefixes = itertools.count()
 
 
 def make_sample(gid: str, index: int, group_size: int, prompt_index: int | None = None, tokens: int = 4,
-                reward: float | None = None, version: int = 0, status: int = COMPLETED) -> sample_pb2.Sample:
+                reward: float | None = None, version: int = 0,
+                status: sample_pb2.SampleStatus = COMPLETED) -> sample_pb2.Sample:
     """A well-formed sample; reward defaults to the index so groups are not all-equal."""
     return sample_pb2.Sample(
         group_id=gid, index=index, group_size=group_size,
@@ -66,6 +67,7 @@ def make_core(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factor
         defaults: dict = dict(capacity=64, group_size=2, groups_per_step=1, steps=100, max_staleness=100,
                               lease_seconds=60.0, min_valid_per_group=1)
         settings = BufferSettings(**{**defaults, **kw})
+        store: Store
         if request.param == "embedded":
             store = EmbeddedStore(tmp_path / "buffer", fsync="always")
         else:

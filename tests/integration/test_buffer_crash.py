@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -56,28 +57,34 @@ def produce(proc: BufferProcess, ledger: Ledger) -> None:
             for i in range(t.group_size):
                 status = FAILED if (t.prompt_index % 4 == 0 and i == 1) else sample_pb2.SAMPLE_STATUS_COMPLETED
                 sample = make_sample(t.group_id, i, t.group_size, status=status)
-                retry(lambda s=sample: proc.stub().Put(buffer_pb2.PutRequest(samples=[s], wait_seconds=1),
-                                                       timeout=5))
+                def put(s: sample_pb2.Sample = sample) -> buffer_pb2.PutReply:
+                    return proc.stub().Put(buffer_pb2.PutRequest(samples=[s], wait_seconds=1), timeout=5)
+
+                retry(put)
                 key = f"{t.group_id}/{i}"
                 (ledger.failed if status == FAILED else ledger.put_ok).add(key)
 
 
 def consume(proc: BufferProcess, ledger: Ledger) -> None:
+    def get_batch(s: int) -> buffer_pb2.Batch:
+        return proc.stub().GetBatch(buffer_pb2.GetBatchRequest(step=s, num_groups=1, wait_seconds=1), timeout=5)
+
+    def ack(s: int) -> buffer_pb2.AckReply:
+        return proc.stub().Ack(buffer_pb2.AckRequest(committed_step=s), timeout=5)
+
     for step in range(STEPS):
         end = time.monotonic() + 60
         while True:
             assert time.monotonic() < end, f"no batch for step {step}"
-            batch = retry(lambda s=step: proc.stub().GetBatch(
-                buffer_pb2.GetBatchRequest(step=s, num_groups=1, wait_seconds=1), timeout=5))
+            batch = retry(partial(get_batch, step))
             if batch.complete:
                 break
         ledger.deliveries.setdefault(step, []).append([f"{s.group_id}/{s.index}" for s in batch.samples])
         if step % 3 == 2:                                   # a trainer that crashed before committing
-            again = retry(lambda s=step: proc.stub().GetBatch(
-                buffer_pb2.GetBatchRequest(step=s, num_groups=1, wait_seconds=1), timeout=5))
+            again = retry(partial(get_batch, step))
             assert again.redelivered
             ledger.deliveries[step].append([f"{s.group_id}/{s.index}" for s in again.samples])
-        retry(lambda s=step: proc.stub().Ack(buffer_pb2.AckRequest(committed_step=s), timeout=5))
+        retry(partial(ack, step))
         ledger.acked_steps.append(step)
 
 

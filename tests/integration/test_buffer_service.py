@@ -48,7 +48,8 @@ class BufferProcess:
     """python -m services.buffer in a subprocess, restartable on the same port and config."""
 
     def __init__(self, config: Path, port: int, args: tuple[str, ...] = ()) -> None:
-        self.config, self.port, self.args, self.proc = config, port, args, None
+        self.config, self.port, self.args = config, port, args
+        self.proc: subprocess.Popen[bytes] | None = None
         self.address = f"127.0.0.1:{port}"
         self.log = config.parent / "buffer.stderr"
 

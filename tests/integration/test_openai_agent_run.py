@@ -38,6 +38,7 @@ from tests.integration.test_rollout_service import (
     finish_and_terminate,
     free_port,
     start_replica,
+    stderr_of,
 )
 from tests.support.calculator_model import calculator_model_dir
 
@@ -78,7 +79,9 @@ def _config(tmp: Path, model_dir: Path, buffer: str, weight_sync: str, rollout: 
 
 def _model_turns(sample: Sample) -> list[tuple[int, int]]:
     """(start, end) of each run of loss-mask-1 tokens in the response: the engine's turns."""
-    turns, start = [], None
+    assert sample.loss_mask is not None
+    turns: list[tuple[int, int]] = []
+    start: int | None = None
     for i, m in enumerate([*sample.loss_mask, 0]):
         if m and start is None:
             start = i
@@ -96,7 +99,7 @@ def test_calculator_agent_on_the_openai_client_trains(tmp_path: Path, servers: A
     try:
         deadline = time.monotonic() + 120
         while len(buffer.samples) < GROUPS * GROUP_SIZE:
-            assert proc.poll() is None, proc.stderr.read()
+            assert proc.poll() is None, stderr_of(proc)
             assert time.monotonic() < deadline, "samples did not arrive"
             time.sleep(0.1)
         address = json.loads((tmp_path / "run" / "openai" / "rep-a.json").read_text())
@@ -108,7 +111,10 @@ def test_calculator_agent_on_the_openai_client_trains(tmp_path: Path, servers: A
         with openai.OpenAI(base_url=address["base_url"], api_key=TOKEN, max_retries=0) as client:
             reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "12*7"}],
                                                    max_tokens=4, logprobs=True, extra_headers={SESSION_HEADER: "x"})
-            assert len(reply.choices[0].logprobs.content) == len(reply.choices[0].model_extra["token_ids"])
+            choice = reply.choices[0]
+            assert choice.logprobs is not None and choice.logprobs.content is not None
+            assert choice.model_extra is not None
+            assert len(choice.logprobs.content) == len(choice.model_extra["token_ids"])
         finish_and_terminate(proc, buffer, rollout_addr)
     finally:
         if proc.poll() is None:

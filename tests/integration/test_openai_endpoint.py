@@ -18,6 +18,10 @@ import openai
 import pytest
 import torch
 import torch.distributed as dist
+from openai.types.chat import ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import ChoiceLogprobs
+from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
+from pydantic import BaseModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.config import TrainerConfig
@@ -44,6 +48,17 @@ QUESTION = "37*58"
 @pytest.fixture(scope="module")
 def calculator_model() -> Path:
     return calculator_model_dir()
+
+
+def _extra(model: BaseModel) -> dict[str, Any]:
+    """The fields the OpenAI types do not declare (our token ids)."""
+    assert model.model_extra is not None
+    return model.model_extra
+
+
+def _lp_content(logprobs: ChoiceLogprobs | ChunkLogprobs | None) -> list[ChatCompletionTokenLogprob]:
+    assert logprobs is not None and logprobs.content is not None
+    return logprobs.content
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +177,9 @@ def test_streaming_chat_and_completions_with_logprobs(live: Any) -> None:
             stream=True, stream_options={"include_usage": True}))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         streamed_lp = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
-                       for e in c.choices[0].logprobs.content]
+                       for e in _lp_content(c.choices[0].logprobs)]
         assert text == whole.choices[0].message.content
-        assert streamed_lp == [e.logprob for e in whole.choices[0].logprobs.content]
+        assert streamed_lp == [e.logprob for e in _lp_content(whole.choices[0].logprobs)]
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(streamed_lp)
 
@@ -174,17 +189,18 @@ def test_streaming_chat_and_completions_with_logprobs(live: Any) -> None:
         one = client.completions.create(model="calc", prompt=prompt, max_tokens=5, seed=3, logprobs=1,
                                         extra_headers=headers)
         lp = one.choices[0].logprobs
-        assert len(lp.tokens) == len(lp.token_logprobs) == len(one.choices[0].model_extra["token_ids"])
+        assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(_extra(one.choices[0])["token_ids"])
         assert all(x <= 0.0 for x in lp.token_logprobs)
-        ids = one.model_extra["prompt_token_ids"] + one.choices[0].model_extra["token_ids"] + \
+        ids = _extra(one)["prompt_token_ids"] + _extra(one.choices[0])["token_ids"] + \
             tok.encode("<|user|>1", add_special_tokens=False)
         streamed = list(client.completions.create(model="calc", prompt=ids, max_tokens=4, seed=4, logprobs=0,
                                                   stream=True, extra_headers=headers))
-        gen_ids = [t for c in streamed for t in c.choices[0].model_extra.get("token_ids", [])]
+        gen_ids = [t for c in streamed for t in _extra(c.choices[0]).get("token_ids", [])]
         session = store.take("raw-1")
         assert session is not None and session.model_turns == 2
         assert session.input_ids == ids + gen_ids
-        assert session.loss_mask == [1] * len(one.choices[0].model_extra["token_ids"]) + [0, 0] + [1] * len(gen_ids)
+        assert session.loss_mask == [1] * len(_extra(one.choices[0])["token_ids"]) + [0, 0] + [1] * len(gen_ids)
 
 
 def test_refusals(live: Any) -> None:
@@ -249,7 +265,8 @@ def test_streaming_engine_callbacks_and_the_fallback_give_the_same_chunks(live: 
                                   lambda t, lp: seen.append((t, lp))).result(timeout=60)
     assert seen == list(zip(gen.output_ids, gen.logprobs, strict=True))      # every token, as chosen, in order
 
-    request = {"model": "calc", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 6, "seed": 9,
+    request: dict[str, Any] = {"model": "calc", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 6,
+                               "seed": 9,
                "logprobs": True, "stream": True}
     fallback = OpenAIServer(OpenAIApp(RetractingEngine(engine), tok, SamplingParams(max_new_tokens=6),
                                       SessionStore(tok)), api_key=KEY).start()     # retract mode: no token stream

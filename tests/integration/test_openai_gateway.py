@@ -152,14 +152,17 @@ def test_https_with_the_run_ca_end_to_end(tmp_path: Path) -> None:
     gateway = OpenAIGateway(Routes(lambda: replicas_in(folder), http_router(trust)), api_key=KEY, tls=trust).start()
     try:
         assert replica.base_url.startswith("https://127.0.0.1:")
+        # openai types http_client as an httpx2.Client but takes an httpx.Client too (is_legacy_httpx_sync_client)
         with httpx.Client(verify=trust) as http, openai.OpenAI(base_url=replica.base_url, api_key=KEY,
-                                                                http_client=http, max_retries=0) as client:
+                                                                http_client=http,  # type: ignore[arg-type]
+                                                                max_retries=0) as client:
             replica_id, text = _turn(client, "tls-1", [{"role": "user", "content": "3+4"}])
             assert replica_id == "rollout-0"
         with openai.OpenAI(base_url=gateway.base_url, api_key=KEY, max_retries=0) as client:
             _turn(client, "tls-1", [{"role": "user", "content": "3+4"}, {"role": "assistant", "content": text},
                                     {"role": "user", "content": "again"}])
-        assert store.record("tls-1")["turns"] == 2                         # both turns, one session, over TLS
+        record = store.record("tls-1")
+        assert record is not None and record["turns"] == 2                 # both turns, one session, over TLS
         with openai.OpenAI(base_url=replica.base_url, api_key=KEY, max_retries=0) as untrusting, \
                 pytest.raises(openai.APIConnectionError):
             untrusting.models.list()                                     # the system CAs do not know the run CA

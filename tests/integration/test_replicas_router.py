@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -43,7 +44,7 @@ def _who(reply: rollout_pb2.GenerateReply) -> int:
 
 
 @pytest.fixture
-def servers():  # type: ignore[no-untyped-def]
+def servers() -> Iterator[list[Server]]:
     running = [_serve(0), _serve(1)]
     yield running
     for s in running:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from rlfleet.protocols import Generation, GroupTicket, Prompt, SamplingParams
+from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext, RolloutFn, SamplingParams
 from rlfleet.rpc import channel
 from rlfleet.sample import Sample
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
@@ -33,8 +33,8 @@ SHORT, LONG = 2, 20_000           # prompt 0 finishes at once; the others would 
 
 
 
-def rollout_fn(gens: list[Generation]) -> Callable[[EngineContext, Prompt, GroupTicket], Iterator[Sample]]:
-    def fn(ctx: EngineContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+def rollout_fn(gens: list[Generation]) -> RolloutFn:
+    def fn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
         n = SHORT if prompt.index == 0 else LONG
         futures = [ctx.generate([1, 4 + i, 5], SamplingParams(max_new_tokens=n, seed=i, stop_token_ids=()))
                    for i in range(ticket.group_size)]
@@ -62,7 +62,7 @@ def test_cancelled_groups_free_their_engine_slots_and_kv(tmp_path: Path) -> None
     server = start_server(core, "127.0.0.1:0", TOKEN)
     engine = TorchEngine(make_tiny_model(tmp_path / "model"), max_batch_size=8, eos_token_ids=())
     stop, gens = threading.Event(), list[Generation]()
-    prompts = {i: Prompt(index=i, token_ids=[1, 5]) for i in range(8)}
+    prompts = {i: Prompt(index=i, token_ids=(1, 5)) for i in range(8)}
     # claim_wait 60: with both slots busy the loop long-polls Claim; only the buffer's wake-up can end it in time
     work_settings = WorkSettings(replica_id="r0", run_id="run", claim_groups=2, claim_wait=60.0)
     ch = channel(f"127.0.0.1:{server.port}", TOKEN)

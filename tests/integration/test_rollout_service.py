@@ -130,6 +130,12 @@ def write_config(tmp: Path, model_dir: Path, buffer: str, weight_sync: str, roll
     return path
 
 
+def stderr_of(proc: subprocess.Popen) -> str:
+    """What a replica started by start_replica wrote to stderr (it is piped, as text)."""
+    assert proc.stderr is not None
+    return proc.stderr.read()
+
+
 def start_replica(config: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen([sys.executable, "-m", "services.rollout", "--config", str(config), "--replica-index", "0",
@@ -155,13 +161,13 @@ def finish_and_terminate(proc: subprocess.Popen, buffer: FakeBuffer, rollout_add
     buffer.finish.set()
     assert buffer.told_finished.wait(60), "the replica did not claim again"
     time.sleep(0.5)
-    assert proc.poll() is None, proc.stderr.read()
+    assert proc.poll() is None, stderr_of(proc)
     with channel(rollout_addr, TOKEN) as ch:
         reply = rollout_pb2_grpc.RolloutStub(ch).Generate(rollout_pb2.GenerateRequest(
             input_ids=[pack_i32([1, 5, 14])], sampling=rollout_pb2.SamplingParams(max_new_tokens=2)), timeout=60)
     assert len(reply.generations) == 1
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, stderr_of(proc)
 
 
 def test_replica_claims_generates_puts_and_serves_generate(tmp_path: Path, servers) -> None:
@@ -172,7 +178,7 @@ def test_replica_claims_generates_puts_and_serves_generate(tmp_path: Path, serve
     try:
         deadline = time.monotonic() + 90
         while len(buffer.samples) < GROUPS * GROUP_SIZE:
-            assert proc.poll() is None, proc.stderr.read()
+            assert proc.poll() is None, stderr_of(proc)
             assert time.monotonic() < deadline, "samples did not arrive"
             time.sleep(0.1)
         wait_healthy(rollout_addr, timeout=30)

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlfleet.protocols import SamplingParams
+from rlfleet.protocols import Generation, SamplingParams
+from services.rollout.engines.base import Engine
 from services.rollout.engines.sglang.client import SGLangClient
-from services.rollout.engines.sglang.engine import SGLangEngine
+from services.rollout.engines.sglang.engine import SGLangEngine, WeightPath
 from services.rollout.engines.sglang.protocol import generate_body
 from services.rollout.engines.sglang.server import SGLangServer
 from services.rollout.engines.torch_engine import TorchEngine
@@ -53,6 +54,7 @@ SAMPLED_TOL = 1e-4
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TorchEngine, SGLangEngine]]:
     root = tmp_path_factory.mktemp("sglang")
     model = make_sglang_tiny_model(root / "model")
+    assert PYTHON is not None
     server = SGLangServer(server_spec(model, PYTHON), log_path=root / "server.log")
     server.start(ready_timeout=900)
     sgl = SGLangEngine(SGLangClient(server.url, generate_timeout=300), model, work_dir=root / "weights",
@@ -65,7 +67,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TorchEng
         sgl.shutdown()
 
 
-def _run_all(engine: object, prompts: list[list[int]], sampling: SamplingParams) -> list:
+def _run_all(engine: Engine, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
     futures = [engine.submit(p, sampling) for p in prompts]
     return [f.result(timeout=300) for f in futures]
 
@@ -98,7 +100,7 @@ def test_greedy_ids_and_logprobs_match_the_built_in_engine(engines: tuple[TorchE
 
 
 @pytest.mark.parametrize(("weight_path", "seed", "version"), [("disk", 1, 1), ("distributed", 2, 2)])
-def test_weight_update_keeps_parity_and_digest(engines: tuple[TorchEngine, SGLangEngine], weight_path: str,
+def test_weight_update_keeps_parity_and_digest(engines: tuple[TorchEngine, SGLangEngine], weight_path: WeightPath,
                                                seed: int, version: int) -> None:
     built_in, sgl = engines
     sgl.weight_path = weight_path

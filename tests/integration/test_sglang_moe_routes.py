@@ -34,6 +34,7 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 def both(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Generation], list[Generation]]]:
     root = tmp_path_factory.mktemp("sglang-moe")
     model = make_sglang_tiny_moe(root / "model")
+    assert PYTHON is not None
     server = SGLangServer(server_spec(model, PYTHON, return_routed_experts=True), log_path=root / "server.log")
     server.start(ready_timeout=600)
     sgl = SGLangEngine(SGLangClient(server.url, generate_timeout=300), model, max_concurrency=4, server=server)

@@ -31,7 +31,8 @@ class LosesGroup:
     """A sender whose next `losses` stages consume every tensor and raise GroupLost; later ones go to `inner`."""
 
     def __init__(self, inner: Any, losses: int) -> None:
-        self.inner, self.losses, self.consumed = inner, losses, []
+        self.inner, self.losses = inner, losses
+        self.consumed: list[int] = []
 
     def stage(self, version: int, step: int, named: Iterable[tuple[str, torch.Tensor]]) -> weights_pb2.WeightManifest:
         if self.losses:
@@ -119,6 +120,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, run_dir: str, out:
                 entry["tensors"] = len(full)
                 if entry["error"] is None:
                     got = fetch(manifest, None, 30.0, "test")     # real gRPC; checks hashes and digest
+                    assert latest is not None
                     entry["announced_digest_matches"] = latest.digest == manifest.digest
                     entry["fetched_names"] = [n for n, _ in got]
                     entry["fetched_equal"] = [n for n, t in got if t.dtype == full[n].dtype and torch.equal(t, full[n])]
@@ -203,6 +205,7 @@ def test_a_whole_state_dict_is_staged_again_locally(tmp_path: Path) -> None:
     state = {"a.weight": torch.randn(40, 9, generator=g), "b.bias": torch.randn(7, generator=g).bfloat16()}
     try:
         manifest = publisher.publish(1, 0, state)
+        assert board.latest is not None
         assert sender.consumed == [2] and board.latest.digest == manifest.digest
         got = fetch(manifest, None, 30.0, "test")
         assert [n for n, _ in got] == list(state)
@@ -210,6 +213,7 @@ def test_a_whole_state_dict_is_staged_again_locally(tmp_path: Path) -> None:
         sender.losses = 2
         with pytest.raises(GroupLost, match="weight version 2"):
             publisher.publish(2, 1, state)
+        assert board.latest is not None
         assert sender.consumed == [2, 2, 2] and board.latest.version == 1
     finally:
         publisher.close()

@@ -7,17 +7,21 @@ import multiprocessing
 import os
 import time
 from collections.abc import Iterator
+from multiprocessing.context import SpawnProcess
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 
 from rlfleet.rpc import Server, channel
 from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
+from services.rollout.engines.base import Engine
 from services.rollout.weight_updates import WeightUpdater
 from services.weight_sync.board import VersionBoard
 from services.weight_sync.servicer import WeightSyncServicer
 from services.weight_sync.transports.bucketed.sender import stage_tensors
+from services.weight_sync.transports.contract import Sender
 from services.weight_sync.transports.manifest import digest_of
 from services.weight_sync.transports.nixl.agent import available as nixl_missing
 from services.weight_sync.transports.peers import PeerDirectory
@@ -35,7 +39,8 @@ def tensors(version: int) -> list[tuple[str, torch.Tensor]]:
 
 
 class DictEngine:
-    """The engine surface WeightUpdater uses, holding plain tensors."""
+    """The engine surface WeightUpdater uses, holding plain tensors. Not a whole Engine (no pause(): WeightUpdater
+    loads it unpaused), so it is cast to one for WeightUpdater."""
 
     def __init__(self, named: list[tuple[str, torch.Tensor]]) -> None:
         self.held = {n: t.clone() for n, t in named}
@@ -91,6 +96,7 @@ def _dying_trainer(kind: str, address: str) -> None:
     torch.set_num_threads(1)
     directory = PeerDirectory(channel(address, None))
     named = tensors(1)
+    sender: Sender
     if kind == "broadcast":
         from services.weight_sync.transports.broadcast.sender import BroadcastSender
 
@@ -102,7 +108,7 @@ def _dying_trainer(kind: str, address: str) -> None:
     sender.stage(1, 1, _dying(named, after=2))
 
 
-def _run_dying(kind: str, address: str) -> multiprocessing.Process:
+def _run_dying(kind: str, address: str) -> SpawnProcess:
     proc = multiprocessing.get_context("spawn").Process(target=_dying_trainer, args=(kind, address))
     proc.start()
     return proc
@@ -129,7 +135,7 @@ def test_truncated_broadcast_stream_keeps_previous_version() -> None:
         assert proc.exitcode == 3
         engine = DictEngine(tensors(0))
         before = {n: t.clone() for n, t in engine.held.items()}
-        updater = WeightUpdater(engine, "r0", None, 10.0, receivers=lambda t: receiver.fetch)
+        updater = WeightUpdater(cast(Engine, engine), "r0", None, 10.0, receivers=lambda t: receiver.fetch)
         result = updater.apply(manifest_as("broadcast", 1))
         _assert_kept_previous(updater, engine, before, result, "broadcast stream truncated after")
     finally:
@@ -150,7 +156,7 @@ def test_nixl_peer_dying_mid_transfer_keeps_previous_version() -> None:
         assert proc.exitcode == 3
         engine = DictEngine(tensors(0))
         before = {n: t.clone() for n, t in engine.held.items()}
-        updater = WeightUpdater(engine, "r0", None, 2.0, receivers=lambda t: receiver.fetch)
+        updater = WeightUpdater(cast(Engine, engine), "r0", None, 2.0, receivers=lambda t: receiver.fetch)
         result = updater.apply(manifest_as("nixl", 1))
         _assert_kept_previous(updater, engine, before, result, "trainer peer died or stalled mid-transfer")
         receiver.close()
@@ -177,7 +183,7 @@ def test_corrupted_delta_file_keeps_previous_version(tmp_path: Path, encoding: s
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    updater = WeightUpdater(engine, "r0", None, 5.0, receivers=lambda t: receiver.fetch)
+    updater = WeightUpdater(cast(Engine, engine), "r0", None, 5.0, receivers=lambda t: receiver.fetch)
     result = updater.apply(v2)
     assert not result.ok and engine.weight_version == 1 and "checksum mismatch" in result.error, result.error
     assert "file corrupted" in result.error

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,12 @@ from safetensors.torch import load_file, save_file
 
 from rlfleet.ports import free_ports
 from rlfleet.rpc import Server, channel
-from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc
+from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.weight_updates import TransportReceivers, WeightUpdater, staging_capacity, subscribe_loop
 from services.weight_sync.board import VersionBoard
 from services.weight_sync.servicer import WeightSyncServicer
+from services.weight_sync.transports.contract import Sender
 from services.weight_sync.transports.nixl.agent import available as nixl_missing
 from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
@@ -50,7 +52,7 @@ def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes:
     init_distributed(f"127.0.0.1:{port}", rank, world, device)
     chans = {t: open_channel(a, None) for t, a in planes.items()}
     stubs = {t: weight_sync_pb2_grpc.WeightSyncStub(c) for t, c in chans.items()}
-    senders: dict[str, object] = {}
+    senders: dict[str, Sender] = {}
     try:
         backend = FsdpBackend(cfg, rank, world, device)
         advantage_fn, loss_fn = resolve(cfg.trainer)
@@ -80,7 +82,11 @@ def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes:
             for transport in planes:
                 state = ShardedState(backend.model, backend.publish_dtype)
                 sender = senders.get(transport)
-                manifest = sender.stage(version, version, state) if sender is not None else state.drain()
+                manifest: weights_pb2.WeightManifest | None = None
+                if sender is not None:
+                    manifest = sender.stage(version, version, state)
+                else:
+                    state.drain()                                 # this rank sends nothing: it only gathers
                 dist.barrier()
                 if rank == 0:
                     stubs[transport].Publish(manifest, timeout=30)
@@ -140,7 +146,7 @@ class Replica:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Replica]]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Replica]]]:
     if NIXL_MISSING:
         print(f"NIXL transport skipped: nixl does not import ({NIXL_MISSING}); install with `pip install nixl`")
     tmp = tmp_path_factory.mktemp("transports")

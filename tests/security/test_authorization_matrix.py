@@ -9,6 +9,7 @@ client sees UNAVAILABLE and the server reads no byte of the request.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -17,7 +18,7 @@ from google.protobuf import message_factory
 
 from rlfleet.rpc import Server, channel
 from rlfleet.v1 import buffer_pb2, rollout_pb2, trainer_pb2, weight_sync_pb2
-from tests.security.pki_fixtures import ROLE_NAMES, make_pki
+from tests.security.pki_fixtures import ROLE_NAMES, RunPki, make_pki
 
 ROLES = tuple(ROLE_NAMES)
 OBS = {"controller", "operator"}
@@ -96,12 +97,12 @@ def _call(ch: grpc.Channel, full: str, req: Any, rep: Any, streaming: bool, msg:
 
 
 @pytest.fixture(scope="module")
-def pki():  # type: ignore[no-untyped-def]
+def pki() -> RunPki:
     return make_pki()
 
 
 @pytest.fixture(scope="module")
-def served(pki):  # type: ignore[no-untyped-def]
+def served(pki: RunPki) -> Iterator[str]:
     server = Server("127.0.0.1:0", pki.good["buffer"], max_workers=8)
     _handlers(server.grpc)
     server.start()
@@ -113,7 +114,7 @@ def test_table_covers_every_rpc_of_the_protos() -> None:
     assert {m[0] for m in _methods()} == set(EXPECTED)
 
 
-def test_authorization_matrix(pki, served: str) -> None:  # type: ignore[no-untyped-def]
+def test_authorization_matrix(pki: RunPki, served: str) -> None:
     counts: Counter[tuple[str, str]] = Counter()
     wrong: list[str] = []
     for full, req, rep, streaming in _methods():
@@ -141,7 +142,7 @@ def test_authorization_matrix(pki, served: str) -> None:  # type: ignore[no-unty
     assert counts[("wrong role", "PERMISSION_DENIED")] == len(EXPECTED) * len(ROLES) - counts[("right role", "OK")]
 
 
-def test_requests_naming_another_component_are_refused(pki, served: str) -> None:  # type: ignore[no-untyped-def]
+def test_requests_naming_another_component_are_refused(pki: RunPki, served: str) -> None:
     with channel(served, pki.good["rollout"]) as ch:
         claim = buffer_pb2.ClaimRequest(replica_id="rollout-1", restarted=True)
         assert _call(ch, "/rlfleet.v1.Buffer/Claim", buffer_pb2.ClaimRequest, buffer_pb2.ClaimReply, False,

@@ -33,14 +33,14 @@ def sample(gid: str, index: int, **fields: object) -> sample_pb2.Sample:
         reward=float(index), status=sample_pb2.SAMPLE_STATUS_COMPLETED, weight_version=0)
     for k, v in fields.items():
         if k == "routed_experts":
-            msg.routed_experts.CopyFrom(v)  # type: ignore[arg-type]
+            msg.routed_experts.CopyFrom(v)
         else:
             setattr(msg, k, v)
     return msg
 
 
 def _experts(top: int) -> sample_pb2.RoutedExperts:
-    ids = np.full((4, 1, 2), top, dtype=np.uint8)
+    ids: np.ndarray = np.full((4, 1, 2), top, dtype=np.uint8)
     return sample_pb2.RoutedExperts(num_layers=1, top_k=2, bits=8, ids=ids.tobytes())
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,7 @@ def _worker(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
     init_distributed(f"127.0.0.1:{port}", rank, world, torch.device("cpu"))
     out = Path(spec["out"])
     try:
+        shims: AbstractContextManager[None]
         if spec["backend"] == "megatron":
             from tests.support.megatron_cpu_shims import megatron_on_cpu
             shims = megatron_on_cpu()

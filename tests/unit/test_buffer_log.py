@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from services.buffer.filters import dynamic_sampling, load_filters
-from services.buffer.mutations import AckSteps, Add, Close, Counters, Deliver, Issue, decode, encode
+from services.buffer.mutations import AckSteps, Add, Close, Counters, Deliver, Issue, Mutation, decode, encode
 from services.buffer.state import State
 from services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
 from services.buffer.stores.logfile import read_records
@@ -17,7 +17,7 @@ def fill(store: EmbeddedStore, groups: int) -> State:
     state = store.load()
     for g in range(groups):
         gid = f"g{g}"
-        muts = [Issue(gid, g, 2, 1e9, "r"), Add(gid, 0, 3 * g + 1, 0, 1, 0.0, b"a" * 100),
+        muts: list[Mutation] = [Issue(gid, g, 2, 1e9, "r"), Add(gid, 0, 3 * g + 1, 0, 1, 0.0, b"a" * 100),
                 Add(gid, 1, 3 * g + 2, 0, 1, 1.0, b"b" * 100), Close(gid, (0, 1), 3 * g + 3, {}, ())]
         store.commit(muts, state)
         for m in muts:
@@ -141,11 +141,11 @@ def test_cancelled_groups_survive_replay_and_compaction(tmp_path: Path) -> None:
         assert decode(*encode(m)) == m
     store = EmbeddedStore(tmp_path, fsync="always")
     state = store.load()
-    muts = [Issue("g0", 0, 2, 1e9, "r0", 1), Add("g0", 0, 1, 1, 1, 0.0, b"a"), Issue("g1", 1, 2, 1e9, "r1", 1),
-            Cancel("g0", 5e9, (0,), (1,)), Discard("g0", (1,))]
+    muts: list[Mutation] = [Issue("g0", 0, 2, 1e9, "r0", 1), Add("g0", 0, 1, 1, 1, 0.0, b"a"),
+                            Issue("g1", 1, 2, 1e9, "r1", 1), Cancel("g0", 5e9, (0,), (1,)), Discard("g0", (1,))]
     store.commit(muts, state)
-    for m in muts:
-        state.apply(m)
+    for mut in muts:
+        state.apply(mut)
     assert state.cancelled["g0"].counted == {0, 1} and state.open["g1"].version == 1
 
     def view(s: State) -> tuple:

@@ -8,7 +8,7 @@ import numpy as np
 from google.protobuf.internal.encoder import _VarintBytes
 
 from rlfleet.v1 import buffer_pb2, sample_pb2
-from services.buffer.mutations import Add, Close, Counters, Issue, encode
+from services.buffer.mutations import Add, Close, Counters, Issue, Mutation, encode
 from services.buffer.stores.embedded import _body, _body_parts
 from services.buffer.stores.logfile import AppendLog, frame, frame_parts, read_records
 from services.buffer.wire import encode_batch, varint
@@ -42,7 +42,8 @@ def test_headers_keep_their_format() -> None:
 
 
 def test_framed_parts_are_the_framed_body(tmp_path: Path) -> None:
-    muts = [Issue("g1", 1, 2, 1.5, "r"), Add("g1", 0, 1, 0, 1, 0.0, b"x" * 70_000), Counters(2, 1, 1, 0, 0, -1, 0, {})]
+    muts: list[Mutation] = [Issue("g1", 1, 2, 1.5, "r"), Add("g1", 0, 1, 0, 1, 0.0, b"x" * 70_000),
+                            Counters(2, 1, 1, 0, 0, -1, 0, {})]
     for m in muts:
         assert b"".join(frame_parts(_body_parts(m))) == frame(_body(m))
     log = AppendLog(tmp_path / "log", 0)

@@ -10,6 +10,7 @@ import pytest
 
 from rlfleet.config import DataConfig, parse_config
 from rlfleet.data_files import DataError, FileDataSource, eval_source, rollout_source
+from rlfleet.protocols import Prompt
 
 ROWS = [{"question": f"q{i}", "answer": i * 2, "level": i % 3} for i in range(10)]
 
@@ -21,6 +22,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def cfg(path: Path, **kw) -> DataConfig:
     return DataConfig(path=str(path), **{"prompt_field": "question", "label_field": "answer", **kw})
+
+
+def _last(p: Prompt) -> str:
+    """The last message's content (the user's question)."""
+    assert p.messages is not None
+    return p.messages[-1]["content"]
 
 
 def test_jsonl_prompt_label_and_extras(tmp_path: Path) -> None:
@@ -37,13 +44,13 @@ def test_jsonl_prompt_label_and_extras(tmp_path: Path) -> None:
 def test_epochs_are_reshuffled_with_the_seed(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", ROWS)
     a, b = FileDataSource(cfg(path), run_seed=5), FileDataSource(cfg(path), run_seed=5)
-    epoch0 = [a[i].text or a[i].messages[-1]["content"] for i in range(10)]
-    epoch1 = [a[i].messages[-1]["content"] for i in range(10, 20)]
+    epoch0 = [a[i].text or _last(a[i]) for i in range(10)]
+    epoch1 = [_last(a[i]) for i in range(10, 20)]
     assert sorted(epoch0) == sorted(epoch1) == sorted(f"q{i}" for i in range(10))   # every row once per epoch
     assert epoch0 != epoch1                                                          # a new order per epoch
-    assert [b[i].messages[-1]["content"] for i in range(20)] == epoch0 + epoch1      # same seed, same order
+    assert [_last(b[i]) for i in range(20)] == epoch0 + epoch1      # same seed, same order
     other = FileDataSource(cfg(path), run_seed=6)
-    assert [other[i].messages[-1]["content"] for i in range(10)] != epoch0
+    assert [_last(other[i]) for i in range(10)] != epoch0
 
 
 def test_holdout_split_is_disjoint_and_default_eval(tmp_path: Path) -> None:
@@ -51,14 +58,14 @@ def test_holdout_split_is_disjoint_and_default_eval(tmp_path: Path) -> None:
     train = FileDataSource(cfg(path, holdout=0.3))
     held = FileDataSource(cfg(path, holdout=0.3, split="holdout"))
     assert (len(train), len(held)) == (7, 3)
-    train_q = {train[i].messages[-1]["content"] for i in range(7)}
-    held_q = {held[i].messages[-1]["content"] for i in range(3)}
+    train_q = {_last(train[i]) for i in range(7)}
+    held_q = {_last(held[i]) for i in range(3)}
     assert not train_q & held_q and len(train_q | held_q) == 10
     run = parse_config({"model": {"path": "m"}, "rollout": {
         "data": {"path": str(path), "prompt_field": "question", "label_field": "answer", "holdout": 3},
         "reward_fn": "exact_match"}})
     ev = eval_source(run)
-    assert ev is not None and {ev[i].messages[-1]["content"] for i in range(3)} == held_q
+    assert ev is not None and {_last(ev[i]) for i in range(3)} == held_q
     assert len(rollout_source(run)) == 7
 
 

@@ -3,14 +3,16 @@ merges W + alpha/r * B @ A onto the kept base weights, through the weight update
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 
 from rlfleet.dtypes import dtype_name
 from rlfleet.v1 import weights_pb2
-from services.rollout.engines.base import EngineError
+from services.rollout.engines.base import Engine, EngineError
 from services.rollout.engines.lora import LoraMerger
 from services.rollout.weight_updates import WeightUpdater
 from services.trainer.lora import LoraLinear, apply_lora, is_adapter, merge_adapters
@@ -72,15 +74,16 @@ def test_merged_weights_reproduce_the_adapted_model(model_dir: Path) -> None:
 
 
 class FakeEngine:
-    """named_weights / update_weights_from_tensor over a real HF model, like the torch engine."""
+    """named_weights / update_weights_from_tensor over a real HF model, like the torch engine. Not a whole Engine
+    (no pause(): WeightUpdater loads it unpaused), so it is cast to one where an Engine is asked for."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model, self.weight_version, self.loads = model, 0, 0
 
-    def named_weights(self):
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         return list(self.model.state_dict().items())
 
-    def update_weights_from_tensor(self, named, version: int) -> None:
+    def update_weights_from_tensor(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         params = self.model.state_dict()
         with torch.no_grad():
             for name, t in named:
@@ -106,7 +109,7 @@ def test_rollout_merges_adapter_versions_onto_the_kept_base(model_dir: Path) -> 
     engine = FakeEngine(_model(model_dir))
     base_q = engine.model.state_dict()["model.layers.0.self_attn.q_proj.weight"].clone()
     sent: dict[int, list] = {}
-    updater = WeightUpdater(engine, "r0", None, 5.0, receivers=lambda transport: (
+    updater = WeightUpdater(cast(Engine, engine), "r0", None, 5.0, receivers=lambda transport: (
         lambda manifest, token, timeout, replica: sent[manifest.version]))
     for version in (1, 2):                                       # two adapter versions: merged onto the base each time
         _randomize_adapters(trainer) if version == 1 else _scale_b(trainer, 2.0)
@@ -132,7 +135,7 @@ def _scale_b(model: torch.nn.Module, factor: float) -> None:
 
 
 def test_bad_adapter_updates_are_refused(model_dir: Path) -> None:
-    merger = LoraMerger(FakeEngine(_model(model_dir)))
+    merger = LoraMerger(cast(Engine, FakeEngine(_model(model_dir))))
     a = torch.zeros(4, 32)
     with pytest.raises(EngineError, match="rank/alpha"):
         merger.merged([("x.lora_A", a)], {})

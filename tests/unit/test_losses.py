@@ -122,10 +122,11 @@ def test_algorithm_preset_and_overrides() -> None:
     adv, loss = resolve(TrainerConfig())            # every loss comes wrapped in the entropy term (a metric)
     assert adv == grpo and isinstance(loss, EntropyTerm) and isinstance(loss.inner, ClippedPolicyLoss)
     cfg = TrainerConfig(clip_low=0.1, clip_high=0.3, tis=TisConfig(mode="icepop"))
-    assert resolve(cfg)[1].inner == ClippedPolicyLoss(0.1, 0.3, TisConfig(mode="icepop"))
+    wrapped = resolve(cfg)[1]
+    assert isinstance(wrapped, EntropyTerm) and wrapped.inner == ClippedPolicyLoss(0.1, 0.3, TisConfig(mode="icepop"))
     adv, loss = resolve(TrainerConfig(advantage="tests.unit.test_losses:my_advantage",
                                       loss="tests.unit.test_losses:my_loss"))
-    assert adv is my_advantage and loss.inner is my_loss
+    assert adv is my_advantage and isinstance(loss, EntropyTerm) and loss.inner is my_loss
 
 
 @pytest.mark.parametrize("field,value,match", [

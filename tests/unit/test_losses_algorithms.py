@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from rlfleet.config import TisConfig, TrainerConfig
-from rlfleet.protocols import TrainBatch
+from rlfleet.protocols import LossFn, LossOutput, TrainBatch
 from services.trainer.algorithms import resolve
 from services.trainer.losses import (
     ROW_COUNT,
     SEQ_COUNT,
     ClippedPolicyLoss,
+    EntropyTerm,
     GspoLoss,
     KlPenalizedLoss,
     SftLoss,
@@ -32,7 +33,7 @@ MASK = [[1, 1, 0], [1, 1, 1], [0, 0, 0]]          # row 2: an empty response (fu
 TIS = TisConfig(mode="tis", clip=1.3)
 
 
-def _batch(mask: list[list[int]] = MASK, **extras: float) -> TrainBatch:
+def _batch(mask: list[list[int]] = MASK, /, **extras: float) -> TrainBatch:
     s = len(mask)
     t = len(mask[0]) if mask else 0
     cut = lambda rows: torch.tensor([r[:t] for r in rows][:s], dtype=torch.float32).reshape(s, t)  # noqa: E731
@@ -65,7 +66,7 @@ def _ref_clipped(low: float, high: float, denom: float) -> float:
     return total / denom
 
 
-def _run(loss_fn, token_count: float = 5.0, **extras: float):
+def _run(loss_fn: LossFn, token_count: float = 5.0, **extras: float) -> tuple[LossOutput, torch.Tensor]:
     logp = torch.tensor(LOGP, requires_grad=True)
     out = loss_fn(logp, torch.tensor(ADV), _batch(**extras), token_count)
     out.loss.backward()
@@ -87,11 +88,13 @@ def test_clipped_pg_token_level(low: float, high: float) -> None:
     assert m["tis_clip_fraction"] == pytest.approx(sum(math.exp(OLD[i][j] - ROLL[i][j]) > 1.3 for i, j in cells) / 5)
     assert m["logprob_abs_diff"] == pytest.approx(sum(abs(OLD[i][j] - ROLL[i][j]) for i, j in cells) / 5, abs=1e-6)
     ess = effective_sample_size(m)
+    assert ess is not None
     assert ess == pytest.approx((sum(w) / 5) ** 2 / (sum(x * x for x in w) / 5), abs=1e-6) and 0 < ess <= 1
 
 
 def test_dapo_preset_uses_clip_higher() -> None:
     _, loss = resolve(TrainerConfig(algorithm="dapo", tis=TIS))
+    assert isinstance(loss, EntropyTerm)
     loss = loss.inner                                          # inside the entropy term
     assert loss == ClippedPolicyLoss(0.2, 0.28, TIS)
     out, _ = _run(loss)
@@ -159,7 +162,7 @@ def test_kl_penalty(kind: str) -> None:
     assert out.loss.item() == pytest.approx(_ref_clipped(0.2, 0.2, 5.0) + 0.1 * kl, abs=1e-6)
     assert kl_estimate(torch.zeros(2), torch.zeros(2), kind).abs().max() == 0
     _, loss = resolve(TrainerConfig(kl={"coef": 0.1, "estimator": kind}))
-    assert isinstance(loss.inner, KlPenalizedLoss) and loss.inner.estimator == kind
+    assert isinstance(loss, EntropyTerm) and isinstance(loss.inner, KlPenalizedLoss) and loss.inner.estimator == kind
 
 
 @pytest.mark.parametrize("loss_fn", [ClippedPolicyLoss(), GspoLoss(), SftLoss(),

@@ -142,6 +142,7 @@ def test_every_aggregation_mode_by_hand(mode: str, alias: str | None, empty_rows
         assert out.loss.item() == pytest.approx(ref, abs=1e-6), name
         assert grad[2].abs().max() == 0
     resolved = resolve(TrainerConfig(policy_loss={"agg": alias or mode, "empty_rows": empty_rows})).__getitem__(1)
+    assert isinstance(resolved, EntropyTerm) and isinstance(resolved.inner, ClippedPolicyLoss)
     assert resolved.inner.agg == mode
 
 
@@ -243,7 +244,8 @@ def test_ratio_weighted_kl_trl_bias_correction() -> None:
 def test_kl_in_reward_moves_the_penalty_into_the_scores() -> None:
     cfg = TrainerConfig(kl=KlConfig(coef=0.2, estimator="k1", in_reward=True))
     adv_fn, loss = resolve(cfg)
-    assert isinstance(adv_fn, KlInReward) and not isinstance(loss.inner, KlPenalizedLoss)
+    assert isinstance(adv_fn, KlInReward) and isinstance(loss, EntropyTerm)
+    assert not isinstance(loss.inner, KlPenalizedLoss)
     b = _batch()
     b.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     b.group_index = torch.tensor([0, 0, 1, 1])

@@ -4,6 +4,7 @@ reach the Sample, and travel packed as uint8 / uint16."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -98,9 +99,9 @@ class _Ctx:
 
     replica_id, tokenizer, sampling, run_seed = "r0", None, SamplingParams(max_new_tokens=3), 0
 
-    def generate(self, input_ids: list[int], sampling: SamplingParams | None = None) -> Future[Generation]:
+    def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
         fut: Future[Generation] = Future()
-        routes = np.arange(3 * LAYERS * TOP_K).reshape(3, LAYERS, TOP_K) % EXPERTS
+        routes: np.ndarray = np.arange(3 * LAYERS * TOP_K).reshape(3, LAYERS, TOP_K) % EXPERTS
         fut.set_result(Generation(output_ids=(5, 6, 7), logprobs=(-1.0, -2.0, -3.0), finish_reason="length",
                                   weight_version=0, routed_experts=routes))
         return fut

@@ -6,18 +6,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from typing import cast
 
 import grpc
 
-from rlfleet.protocols import Generation, GroupTicket, Prompt, SamplingParams
+from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext, SamplingParams
 from rlfleet.sample import Sample, Status
-from rlfleet.v1 import buffer_pb2
+from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
 from services.rollout.context import GroupAborted, GroupContext
 from services.rollout.messages import status_of
 from services.rollout.work_loop import WorkLoop, WorkSettings
+from tests.support.engine_double import EngineDouble
 
 
-class FakeEngine:
+class FakeEngine(EngineDouble):
     """Requests stay pending until aborted (resolved with finish_reason 'abort')."""
 
     weight_version = 2
@@ -48,6 +50,12 @@ class Ctx:
     def generate(self, ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
         return self.engine.submit(ids, sampling or self.sampling)
 
+    def score(self, prompt: Prompt, sample: Sample) -> Sample:
+        raise NotImplementedError("this context has no reward")
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        raise NotImplementedError("this context has no tokenizer")
+
 
 def test_group_context_aborts_only_its_own_unfinished_requests() -> None:
     engine = FakeEngine()
@@ -72,7 +80,7 @@ class FinishingStub:
 
     def __init__(self, engine: FakeEngine, size: int) -> None:
         self.engine, self.size, self.claims = engine, size, 0
-        self.puts: list[buffer_pb2.Sample] = []
+        self.puts: list[sample_pb2.Sample] = []
 
     def Claim(self, request: buffer_pb2.ClaimRequest, timeout: float) -> buffer_pb2.ClaimReply:
         self.claims += 1
@@ -91,7 +99,7 @@ class FinishingStub:
 
 
 def test_finished_run_aborts_the_groups_in_flight() -> None:
-    def rollout_fn(ctx: Ctx, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+    def rollout_fn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
         futures = [ctx.generate([1, 2]) for _ in range(ticket.group_size)]
         for i, f in enumerate(futures):
             gen = f.result(timeout=10)
@@ -105,8 +113,8 @@ def test_finished_run_aborts_the_groups_in_flight() -> None:
         loop = WorkLoop(ch, engine, Ctx(engine), {0: Prompt(index=0, text="x")}, rollout_fn, settings,
                         threading.Event())
     stub = FinishingStub(engine, size=3)
-    loop._stub = stub
-    loop._putter._stub = stub
+    loop._stub = cast(buffer_pb2_grpc.BufferStub, stub)
+    loop._putter._stub = cast(buffer_pb2_grpc.BufferStub, stub)
     assert loop.run() is True
     loop._pool.shutdown(wait=True)
     assert len(engine.aborted) == 3 and not engine.pending           # nothing left holding a slot

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlfleet.protocols import GroupTicket, Prompt, SamplingParams
+from rlfleet.protocols import Generation, GroupTicket, Prompt, SamplingParams
 from rlfleet.sample import Sample, Status
+from services.rollout.engines.base import Engine
 from services.rollout.engines.torch_engine import TorchEngine
 from services.rollout.partial import RetractingEngine
 from services.rollout.rollout_fns import single_turn
@@ -44,7 +47,7 @@ def _new_weights(engine: TorchEngine) -> list[tuple[str, torch.Tensor]]:
     return [(n, t + 0.05 * torch.randn(t.shape, generator=g)) for n, t in engine.named_weights()]
 
 
-def _wait_tokens(engine: TorchEngine, n: int) -> None:
+def _wait_tokens(engine: Engine, n: int) -> None:
     deadline = time.monotonic() + 30
     while engine.stats().generated_tokens < n:
         assert time.monotonic() < deadline
@@ -120,7 +123,7 @@ def test_token_versions_reach_the_train_batch_and_its_metrics(model_dir: Path) -
         replica_id, tokenizer, run_seed = "r0", None, 0
         sampling = LONG
 
-        def generate(self, ids, sampling=None):  # type: ignore[no-untyped-def]
+        def generate(self, ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
             return engine.submit(ids, sampling or LONG)
 
         def encode_prompt(self, prompt: Prompt) -> list[int]:

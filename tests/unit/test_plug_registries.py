@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import BaseModel
 
 from rlfleet.config import Config, TrainerConfig, WeightSyncConfig, parse_config
 from services.rollout.weight_updates import TransportReceivers
@@ -19,7 +20,7 @@ from services.weight_sync.transports.disk_delta.sender import DeltaSender
 from services.weight_sync.transports.registry import TRANSPORTS, transport
 
 
-def _literal(model: type, field: str) -> set[str]:
+def _literal(model: type[BaseModel], field: str) -> set[str]:
     return set(typing.get_args(model.model_fields[field].annotation))
 
 

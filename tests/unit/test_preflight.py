@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -25,7 +26,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def write_case(tmp: Path, model: Path, **changes: object) -> Path:
     (tmp / "data.jsonl").write_text('{"q": "1+1=", "a": "2"}\n{"q": "2+2=", "a": "4"}\n')
-    data = {"run": {"dir": str(tmp / "run")}, "model": {"path": str(model)},
+    data: dict[str, Any] = {"run": {"dir": str(tmp / "run")}, "model": {"path": str(model)},
             "rollout": {"data": {"path": str(tmp / "data.jsonl"), "prompt_field": "q", "label_field": "a",
                                  "chat": False}, "reward_fn": "exact_match", "group_size": 2}}
     for key, value in changes.items():

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.config import parse_config
-from rlfleet.protocols import SamplingParams, TrainBatch
+from rlfleet.protocols import Generation, SamplingParams, TrainBatch
 from rlfleet.sample import RoutedExperts, Sample
 from services.rollout.engines.torch_engine import TorchEngine
 from services.trainer.algorithms import resolve
@@ -102,6 +102,11 @@ def _router_outputs(model: torch.nn.Module, batch: TrainBatch, replay: RoutingRe
 # ---- the must-show --------------------------------------------------------------------------------------------
 
 
+def _recorded_routes(gen: Generation) -> np.ndarray:
+    assert gen.routed_experts is not None, "the engine recorded no routes"
+    return gen.routed_experts
+
+
 def _rollout(model_dir: Path) -> list[Sample]:
     """GROUPS x GROUP_SIZE sampled responses from the torch engine in float32, routes recorded."""
     rng = np.random.default_rng(7)
@@ -115,7 +120,7 @@ def _rollout(model_dir: Path) -> list[Sample]:
         engine.shutdown()
     return [Sample(group_id=f"g{g}", index=i, group_size=GROUP_SIZE, prompt_ids=prompts[g],
                    response_ids=list(gen.output_ids), rollout_logprobs=list(gen.logprobs), reward=float(i),
-                   routed_experts=RoutedExperts(ids=gen.routed_experts)) for (g, i), gen in gens.items()]
+                   routed_experts=RoutedExperts(ids=_recorded_routes(gen))) for (g, i), gen in gens.items()]
 
 
 def _gap(logprobs: torch.Tensor, batch: TrainBatch) -> float:

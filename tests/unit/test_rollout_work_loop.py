@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import cast
 
 import grpc
 
 from rlfleet.protocols import GroupTicket, Prompt
 from rlfleet.sample import Sample, Status
-from rlfleet.v1 import buffer_pb2
+from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 from services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
+from tests.support.engine_context import EngineContext
+from tests.support.engine_double import EngineDouble
 
 SETTINGS = WorkSettings(replica_id="r0", run_id="run", claim_groups=1)
 
@@ -44,17 +47,17 @@ def sample(index: int) -> Sample:
 
 def test_put_retries_until_the_buffer_takes_the_sample() -> None:
     stub = FakeStub([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED])
-    assert SamplePutter(stub, SETTINGS, threading.Event()).put(sample(0))
+    assert SamplePutter(cast(buffer_pb2_grpc.BufferStub, stub), SETTINGS, threading.Event()).put(sample(0))
     assert len(stub.puts) == 3 and all(p.samples[0].group_id == "g" for p in stub.puts)
 
 
 def test_put_refused_as_invalid_is_not_retried() -> None:
     stub = FakeStub([grpc.StatusCode.INVALID_ARGUMENT])
-    assert not SamplePutter(stub, SETTINGS, threading.Event()).put(sample(0))
+    assert not SamplePutter(cast(buffer_pb2_grpc.BufferStub, stub), SETTINGS, threading.Event()).put(sample(0))
     assert len(stub.puts) == 1
 
 
-class FakeEngine:
+class FakeEngine(EngineDouble):
     weight_version = 4
 
 
@@ -64,10 +67,11 @@ def test_failing_rollout_fn_puts_failed_samples_for_the_rest_of_its_group() -> N
         raise RuntimeError("boom")
 
     with grpc.insecure_channel("127.0.0.1:1") as ch:
-        loop = WorkLoop(ch, FakeEngine(), object(), {7: Prompt(index=7, text="x")}, rollout_fn, SETTINGS,
+        engine = FakeEngine()
+        loop = WorkLoop(ch, engine, EngineContext(engine), {7: Prompt(index=7, text="x")}, rollout_fn, SETTINGS,
                         threading.Event())
     stub = FakeStub([])
-    loop._putter = SamplePutter(stub, SETTINGS, threading.Event())
+    loop._putter = SamplePutter(cast(buffer_pb2_grpc.BufferStub, stub), SETTINGS, threading.Event())
     loop._run_group(GroupTicket(group_id="g", prompt_index=7, group_size=3))
     got = {p.samples[0].index: p.samples[0] for p in stub.puts}
     assert sorted(got) == [0, 1, 2]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -11,12 +13,13 @@ from rlfleet.v1 import trainer_pb2, trainer_pb2_grpc
 
 
 class _Trainer(trainer_pb2_grpc.TrainerServicer):
-    def Status(self, request, context):  # type: ignore[no-untyped-def]
+    def Status(self, request: trainer_pb2.TrainerStatusRequest,
+               context: grpc.ServicerContext) -> trainer_pb2.TrainerStatus:
         return trainer_pb2.TrainerStatus(step=7)
 
 
 @pytest.fixture
-def server():  # type: ignore[no-untyped-def]
+def server() -> Iterator[str]:
     srv = Server("127.0.0.1:0", token="s3cret")
     srv.add(trainer_pb2_grpc.add_TrainerServicer_to_server, _Trainer(), "rlfleet.v1.Trainer")
     srv.start()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from rlfleet.sample import RoutedExperts, Sample, SampleError, Status, validate_message
+from rlfleet.v1 import sample_pb2
 
 
 def _sample(**kw: object) -> Sample:
@@ -28,6 +30,7 @@ def test_round_trip_keeps_every_field() -> None:
     assert back.loss_mask == [1, 0, 1] and back.token_versions == [3, 3, 4]
     assert back.reward_parts == {"format": 0.5, "correct": 0.5}
     assert back.status is Status.TRUNCATED and back.metadata == {"k": "v"} and back.weight_version == 3
+    assert s.routed_experts is not None
     assert back.routed_experts is not None and back.routed_experts.ids.tolist() == s.routed_experts.ids.tolist()
     assert back.to_proto().routed_experts.bits == 8
 
@@ -36,7 +39,8 @@ def test_wide_expert_ids_use_16_bits() -> None:
     s = _sample(routed_experts=RoutedExperts(ids=np.full((3, 1, 2), 300)))
     msg = s.to_proto()
     assert msg.routed_experts.bits == 16
-    assert Sample.from_proto(msg).routed_experts.ids.max() == 300
+    back = Sample.from_proto(msg).routed_experts
+    assert back is not None and back.ids.max() == 300
 
 
 def test_token_arrays_are_packed_bytes() -> None:
@@ -54,7 +58,7 @@ def test_token_arrays_are_packed_bytes() -> None:
     (lambda m: setattr(m, "group_id", ""), "group_id is empty"),
     (lambda m: setattr(m, "response_ids", b"\x00\x01\x02"), "not a multiple of 4"),
 ])
-def test_malformed_samples_are_refused(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_samples_are_refused(mutate: Callable[[sample_pb2.Sample], None], reason: str) -> None:
     msg = _sample().to_proto()
     mutate(msg)
     with pytest.raises(SampleError, match=reason):

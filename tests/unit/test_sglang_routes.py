@@ -111,7 +111,8 @@ class _Answering(SGLangClient):
 
     def __init__(self, answer: dict[str, Any]) -> None:
         super().__init__("http://sglang.invalid", timeout=1.0)
-        self.answer, self.bodies = answer, []
+        self.answer = answer
+        self.bodies: list[Any] = []
 
     def _call(self, method: str, path: str, body: Any, timeout: float) -> Any:
         self.bodies.append(body)
@@ -121,7 +122,7 @@ class _Answering(SGLangClient):
 @pytest.mark.parametrize("moe", [True, False])
 def test_engine_asks_for_routes_exactly_for_a_moe_model(moe: bool, tmp_path: Path) -> None:
     model = make_tiny_moe(tmp_path / "m") if moe else make_sglang_tiny_model(tmp_path / "m")
-    routes = np.arange(2 * LAYERS * TOP_K).reshape(2, LAYERS, TOP_K) % 8
+    routes: np.ndarray = np.arange(2 * LAYERS * TOP_K).reshape(2, LAYERS, TOP_K) % 8
     meta = {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-0.1, 4, None], [-0.2, 5, None]],
             "routed_experts": _b64(routes)}
     client = _Answering({"output_ids": [4, 5], "meta_info": meta})

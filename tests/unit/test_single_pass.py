@@ -3,6 +3,7 @@ and gradients as the separate no-grad forward (two passes), with one forward ins
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config import TrainerConfig
-from rlfleet.protocols import TrainBatch
+from rlfleet.protocols import LossOutput, TrainBatch
 from rlfleet.sample import Sample
 from services.trainer.algorithms import resolve
 from services.trainer.step import StepContext, train_step, uses_single_pass
@@ -39,10 +40,13 @@ class _Recorder:
     """before_step hook: keeps each parameter's gradient (after backward, before clipping) and the batch."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.model, self.grads, self.old = model, {}, None
+        self.model = model
+        self.grads: dict[str, torch.Tensor] = {}
+        self.old: torch.Tensor | None = None
 
     def before_step(self, step: int, batch: TrainBatch) -> None:
         self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        assert batch.old_logprobs is not None
         self.old = batch.old_logprobs.detach().clone()
 
 
@@ -51,7 +55,7 @@ class _NeedsOld:
 
 
 @pytest.fixture(scope="module")
-def gloo_world(tmp_path_factory: pytest.TempPathFactory) -> None:
+def gloo_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     if not dist.is_initialized():
         store = tmp_path_factory.mktemp("pg") / "store"
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
@@ -94,8 +98,13 @@ def test_single_pass_equals_two_passes(tmp_path: Path, gloo_world: None, advanta
         torch.testing.assert_close(rec1.grads[name], grad, rtol=1e-6, atol=1e-8, msg=name)
 
 
+def _unused_loss(logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
+                 token_count: float) -> LossOutput:
+    raise AssertionError("uses_single_pass never computes the loss")
+
+
 def test_two_passes_when_the_batch_feeds_several_steps_or_a_hook_asks() -> None:
-    ctx = StepContext(advantage_fn=lambda b: b.rewards, loss_fn=lambda *a: None, hooks=[], temperature=1.0,
+    ctx = StepContext(advantage_fn=lambda b: b.rewards, loss_fn=_unused_loss, hooks=[], temperature=1.0,
                       minibatches=1, grad_clip=1.0, world_size=1, device=torch.device("cpu"))
     assert uses_single_pass(ctx)
     assert not uses_single_pass(replace(ctx, minibatches=2))

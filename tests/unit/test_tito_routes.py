@@ -65,7 +65,7 @@ def test_each_model_token_keeps_the_routes_of_its_turn_and_tool_tokens_are_free(
     assert sample.routed_experts is not None
     ids, mask = sample.routed_experts.ids, np.array(sample.mask)
     assert ids.shape == (len(sample.response_ids), LAYERS, TOP_K)
-    covered = np.zeros(len(ids), dtype=bool)
+    covered: np.ndarray = np.zeros(len(ids), dtype=bool)
     for start, gen in turns:
         n = len(gen.output_ids)
         assert gen.routed_experts is not None and n > 0
@@ -81,7 +81,9 @@ def test_the_trainer_replays_each_turns_routes_at_the_positions_that_produced_it
     session, turns = session_and_turns
     sample = session.to_sample(GroupTicket("g", 0, 1), 0)
     p = len(sample.prompt_ids)
-    layout = routes_tensor([sample], p + len(sample.response_ids))[0].numpy()              # [L, layers, K]
+    routes = routes_tensor([sample], p + len(sample.response_ids))
+    assert routes is not None
+    layout = routes[0].numpy()                                                              # [L, layers, K]
     expected = np.full_like(layout, FREE)
     for start, gen in turns:
         expected[p - 1 + start:p - 1 + start + len(gen.output_ids)] = gen.routed_experts

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -115,7 +116,7 @@ def test_killed_mid_step_then_resumed_is_bit_identical(tmp_path: Path) -> None:
 @pytest.mark.timeout(1200)
 def test_two_ranks_equal_one_and_checkpoints_reshard(tmp_path: Path) -> None:
     model_dir = make_tiny_model(tmp_path / "model")
-    kw = {"algorithm": "reinforce_pp", "packing": True}
+    kw: dict[str, Any] = {"algorithm": "reinforce_pp", "packing": True}
     one = _spawn(1, tmp_path / "run1", model_dir, tmp_path / "o1", **kw)
     two = _spawn(2, tmp_path / "run2", model_dir, tmp_path / "o2", **kw)
 

@@ -23,14 +23,16 @@ def test_slow_subscriber_gets_the_newest_version_only() -> None:
     sub = board.subscribe("r0", have_version=0)
     for v in (1, 2, 3):
         board.publish(manifest(v))
-    assert sub.next(1.0).version == 3
+    got = sub.next(1.0)
+    assert got is not None and got.version == 3
     assert sub.next(0.05) is None
 
 
 def test_new_subscriber_gets_latest_only_when_newer_than_what_it_has() -> None:
     board = VersionBoard()
     board.publish(manifest(4))
-    assert board.subscribe("r0", have_version=3).next(1.0).version == 4
+    got = board.subscribe("r0", have_version=3).next(1.0)
+    assert got is not None and got.version == 4
     assert board.subscribe("r1", have_version=4).next(0.05) is None
 
 

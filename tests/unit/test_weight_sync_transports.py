@@ -21,6 +21,7 @@ from services.weight_sync.transports.layout import plan
 from services.weight_sync.transports.manifest import digest_of
 from services.weight_sync.transports.nixl.sender import plan_for
 from services.weight_sync.transports.sharded import ShardedState, materialize
+from tests.support.engine_double import EngineDouble
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +121,7 @@ def test_board_keeps_peers_per_transport() -> None:
     assert board.peers("nixl", 2, 0.05) and not board.peers("other", 0, 0)
 
 
-class PausingEngine:
+class PausingEngine(EngineDouble):
     def __init__(self) -> None:
         self.held = {"w": torch.zeros(3)}
         self.weight_version = 0
@@ -165,6 +166,7 @@ def test_gpu_check_script_parses_and_imports() -> None:
     path = ROOT / "scripts" / "gpu_checks" / "weight_sync_check.py"
     ast.parse(path.read_text())
     spec = importlib.util.spec_from_file_location("weight_sync_check", path)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert callable(module.main) and callable(module.run)

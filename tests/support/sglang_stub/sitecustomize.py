@@ -47,6 +47,8 @@ class _Stub:
 
 
 class _StubModule(types.ModuleType):
+    __version__: str                         # set on every stub package (code under test may read it)
+
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)

@@ -1,0 +1,54 @@
+"""A base for fake engines: every method of the Engine Protocol, each raising until a test's fake overrides it, so
+the fake types as an Engine and a call the test did not expect fails loudly.
+
+Not for a fake handed to WeightUpdater that must *lack* pause(): WeightUpdater looks the method up
+(getattr(engine, "pause", None)) and loads without pausing when there is none; such a fake is cast to Engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+
+import torch
+
+from rlfleet.protocols import Generation, SamplingParams
+from services.rollout.engines.base import EngineStats
+
+
+class EngineDouble:
+    name = "double"
+    weight_version = 0
+
+    def _missing(self, method: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__}.{method} is not part of this test double")
+
+    def submit(self, input_ids: Sequence[int], sampling: SamplingParams) -> Future[Generation]:
+        raise self._missing("submit")
+
+    def update_weights_from_tensor(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        raise self._missing("update_weights_from_tensor")
+
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        raise self._missing("update_weights_from_disk")
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        raise self._missing("named_weights")
+
+    def pause(self) -> int:
+        raise self._missing("pause")
+
+    def resume(self) -> None:
+        raise self._missing("resume")
+
+    def abort_in_flight(self) -> int:
+        raise self._missing("abort_in_flight")
+
+    def stats(self) -> EngineStats:
+        raise self._missing("stats")
+
+    def healthy(self) -> bool:
+        raise self._missing("healthy")
+
+    def shutdown(self) -> None:
+        raise self._missing("shutdown")
