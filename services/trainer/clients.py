@@ -114,8 +114,9 @@ class RolloutClient:
         self._channel = channel(address, token)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
 
-    def generate(self, request: rollout_pb2.GenerateRequest, timeout: float) -> rollout_pb2.GenerateReply:
-        return call("Rollout.Generate", self.address, self._stub.Generate, request, timeout)
+    def generate(self, request: rollout_pb2.GenerateRequest, timeout: float,
+                 patience: float = PATIENCE) -> rollout_pb2.GenerateReply:
+        return call("Rollout.Generate", self.address, self._stub.Generate, request, timeout, patience)
 
     def close(self) -> None:
         self._channel.close()

@@ -15,11 +15,15 @@ from rlfleet.rewards.scorer import load_scorer
 from rlfleet.sample import Sample, Status
 from rlfleet.security.identity import Credential
 from rlfleet.v1 import rollout_pb2
-from services.trainer.clients import PeerError, RolloutClient
+from services.trainer.clients import PATIENCE, PeerError, RolloutClient
 
 log = logging.getLogger(__name__)
 
 GENERATE_TIMEOUT = 900.0     # seconds for one replica's share (it may first wait for min_version)
+# Seconds a replica may stay unreachable before it has answered once: the trainer starts beside the replicas, whose
+# engine may take longer to start than the usual patience (an SGLang server on a busy CPU: 50-60 s measured); the
+# launcher gives the replicas 300 s to become healthy, so the first eval waits as long. Once answered: PATIENCE.
+STARTUP_PATIENCE = 300.0
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
@@ -57,6 +61,7 @@ class Evaluator:
             stop_token_ids=pack_i32([eos] if eos is not None else []))
         self.clients = [RolloutClient(addr, token) for addr in cfg.endpoints.rollout]
         self.batch_size = cfg.rollout.max_batch_size
+        self._answered: set[str] = set()                 # replicas that have answered a Generate
 
     def _generate(self, client: RolloutClient, rows: Sequence[int], version: int) -> list[rollout_pb2.Generation]:
         out: list[rollout_pb2.Generation] = []
@@ -64,7 +69,9 @@ class Evaluator:
             chunk = rows[lo:lo + self.batch_size]
             req = rollout_pb2.GenerateRequest(input_ids=[pack_i32(self.encoded[i]) for i in chunk],
                                               sampling=self.sampling, min_version=version, return_logprobs=True)
-            reply = client.generate(req, GENERATE_TIMEOUT)
+            patience = PATIENCE if client.address in self._answered else STARTUP_PATIENCE
+            reply = client.generate(req, GENERATE_TIMEOUT, patience)
+            self._answered.add(client.address)
             if len(reply.generations) != len(chunk):
                 raise RuntimeError(f"Rollout.Generate at {client.address} returned {len(reply.generations)} "
                                    f"generations for {len(chunk)} prompts")
