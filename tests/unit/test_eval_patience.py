@@ -3,9 +3,11 @@ start (an SGLang replica on a busy CPU takes 50-60 s), and only the usual patien
 
 from __future__ import annotations
 
+from typing import cast
+
 from rlfleet.v1 import rollout_pb2
 from services.trainer import evaluation
-from services.trainer.clients import PATIENCE
+from services.trainer.clients import PATIENCE, RolloutClient
 
 
 class _Client:
@@ -27,7 +29,8 @@ def test_first_generate_waits_for_startup_then_usual_patience() -> None:
     ev.batch_size = 2
     ev._answered = set()
     client = _Client()
-    assert len(ev._generate(client, [0, 1, 2], version=0)) == 3
-    ev._generate(client, [0], version=1)
+    as_client = cast(RolloutClient, client)          # the one method Evaluator uses, over no channel
+    assert len(ev._generate(as_client, [0, 1, 2], version=0)) == 3
+    ev._generate(as_client, [0], version=1)
     assert client.patience == [evaluation.STARTUP_PATIENCE, PATIENCE, PATIENCE]
     assert evaluation.STARTUP_PATIENCE >= 300 > PATIENCE
