@@ -321,7 +321,10 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
     def on_signal(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
+    # SIGINT too, explicitly: a process started in the background of a script inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler, so `kill -INT` (or Ctrl-C relayed by a supervisor) did nothing
     previous = signal.signal(signal.SIGTERM, on_signal)
+    previous_int = signal.signal(signal.SIGINT, on_signal)
     try:
         print(f"rlfleet: run '{resolved.run.name}' in {resolved.run_dir} (from {source}); logs in "
               f"{resolved.run_dir / 'logs'}", file=sys.stderr)
@@ -338,6 +341,7 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
     finally:
         local.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     summary = summarize(resolved.run_dir / "metrics" / "trainer.jsonl", time.monotonic() - started, stats)
     summary["replica_restarts"] = dict(local.restarts)
     reward_curve(resolved.run_dir / "metrics" / "trainer.jsonl", resolved.run_dir / "reward_curve.png")

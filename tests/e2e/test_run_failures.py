@@ -47,13 +47,18 @@ def test_config_and_plugin_errors_are_short(tmp_path: Path, warm_model: Path) ->
     assert "Traceback" not in r.stderr
 
 
-def _start(tmp_path: Path, warm_model: Path) -> tuple[subprocess.Popen[str], Path]:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start(tmp_path: Path, warm_model: Path,
+           ignore_sigint: bool = False) -> tuple[subprocess.Popen[str], Path]:
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(rlfleet_cmd(ROOT / "examples/addition/config.yaml", run_dir, warm_model,
                                         {"trainer.steps": 500, "eval.every_steps": 0}),
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_ignore_sigint if ignore_sigint else None)
     metrics = run_dir / "metrics" / "trainer.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and '"loss"' in metrics.read_text()):
@@ -76,10 +81,18 @@ def test_dead_service_stops_the_run_with_its_reason(tmp_path: Path, warm_model: 
 
 
 def test_ctrl_c_leaves_no_orphans(tmp_path: Path, warm_model: Path) -> None:
-    proc, run_dir = _start(tmp_path, warm_model)
+    """Also when the run was started with SIGINT ignored (what a background job of a script inherits)."""
+    proc, run_dir = _start(tmp_path, warm_model, ignore_sigint=True)
     pids = json.loads((run_dir / "processes.json").read_text())
-    os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:                                  # a run that ignored the signal must not outlive the test
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in pids.values():
+                if _alive(pid):
+                    os.killpg(pid, signal.SIGKILL)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err
     time.sleep(0.5)
