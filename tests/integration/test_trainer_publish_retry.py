@@ -128,6 +128,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, run_dir: str, out:
             report["versions"][str(version)] = entry
         report["paired"] = all_reduce_sum([float(rank + 1)], device)[0]   # both ranks reach the same collective
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+        dist.barrier()          # tear down together: a rank destroying its group while the other still uses it
     finally:
         if publisher is not None:
             publisher.close()

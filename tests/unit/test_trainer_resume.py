@@ -84,6 +84,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, model_dir: str, out:
         if rank == 0:
             save_file({k: v.clone() for k, v in state.items()}, str(Path(out) / "weights.safetensors"))
             Path(out, "records.json").write_text(json.dumps(records))
+        dist.barrier()          # tear down together: a rank destroying its group while the other still uses it
     finally:
         dist.destroy_process_group()
 
