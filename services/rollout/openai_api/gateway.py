@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from services.rollout.openai_api.background import BackgroundHTTP
 from services.rollout.openai_api.server import MAX_BODY_BYTES, SESSION_HEADER
 from services.rollout.openai_api.wire import error_body
 from services.rollout.router import NoHealthyReplica, ReplicaRouter
@@ -207,28 +208,15 @@ class _GatewayHandler(BaseHTTPRequestHandler):
             conn.close()
 
 
-class OpenAIGateway:
+class OpenAIGateway(BackgroundHTTP):
     """Serve the gateway on host:port (0: a free port) in a background thread."""
 
     def __init__(self, routes: Routes, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  tls: ssl.SSLContext | None = None) -> None:
         """tls: how to verify replicas that speak HTTPS (a context trusting the run CA)."""
         self.routes = routes
-        self._http = _GatewayServer((host, port), routes, api_key, tls)
-        self.host, self.port = host, int(self._http.server_address[1])
-        self._thread = threading.Thread(target=self._http.serve_forever, name="openai-gateway", daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}/v1"
-
-    def start(self) -> OpenAIGateway:
-        self._thread.start()
-        return self
+        super().__init__(_GatewayServer((host, port), routes, api_key, tls), host, "http", "openai-gateway")
 
     def stop(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
-        self._thread.join(timeout=5)
+        super().stop()
         self.routes.close()

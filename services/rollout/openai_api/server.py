@@ -19,7 +19,6 @@ import hmac
 import json
 import logging
 import ssl
-import threading
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from services.rollout.openai_api.app import GenerationTimeout, OpenAIApp
+from services.rollout.openai_api.background import BackgroundHTTP
 from services.rollout.openai_api.sessions import ConflictError, SessionError
 from services.rollout.openai_api.streaming import stream_events
 from services.rollout.openai_api.wire import RequestError, chat_response, completion_response, error_body
@@ -205,7 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, make_one(completion, model, app.tokenizer, logprobs))
 
 
-class OpenAIServer:
+class OpenAIServer(BackgroundHTTP):
     """Serve `app` on host:port (port 0: a free one) in a background thread; `base_url` is what clients pass as the
     openai client's base_url."""
 
@@ -213,27 +213,10 @@ class OpenAIServer:
                  replica_id: str = "", tls: tuple[Path, Path] | None = None,
                  max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.app = app
-        self._http = _Server((host, port), app, api_key, replica_id, max_body_bytes)
-        self.scheme = "http"
+        http = _Server((host, port), app, api_key, replica_id, max_body_bytes)
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(str(tls[0]), str(tls[1]))
-            self._http.socket = context.wrap_socket(self._http.socket, server_side=True)
-            self.scheme = "https"
-        self.host, self.port = host, int(self._http.server_address[1])
-        self._thread = threading.Thread(target=self._http.serve_forever, name="openai-http", daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"{self.scheme}://{host}:{self.port}/v1"
-
-    def start(self) -> OpenAIServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
-        self._thread.join(timeout=5)
+            http.socket = context.wrap_socket(http.socket, server_side=True)
+        super().__init__(http, host, "https" if tls is not None else "http", "openai-http")
