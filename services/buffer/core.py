@@ -30,17 +30,14 @@ from rlfleet.metrics import BufferMetrics
 from rlfleet.sample import SampleError, sample_key, validate_message
 from rlfleet.sample_limits import SampleLimits
 from rlfleet.v1 import buffer_pb2, sample_pb2
-from services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
+from services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted
 from services.buffer.filters import GroupFilter
 from services.buffer.gate import Gate
-from services.buffer.grouping import close_group
 from services.buffer.lineage_check import LineageCheck
 from services.buffer.mutations import (
     AckSteps,
-    Add,
     Cancel,
     Deliver,
-    Discard,
     Forget,
     Issue,
     Mutation,
@@ -50,8 +47,9 @@ from services.buffer.mutations import (
     Stale,
 )
 from services.buffer.observe import observe
+from services.buffer.put_sorting import classify, put_mutations, split_cancelled
 from services.buffer.settings import BufferSettings
-from services.buffer.state import Entry, Group, State
+from services.buffer.state import Group, State
 from services.buffer.stores import Store, StoreError, Superseded
 
 log = logging.getLogger(__name__)
@@ -59,10 +57,6 @@ log = logging.getLogger(__name__)
 
 def group_id(prompt_index: int) -> str:
     return f"g{prompt_index}"
-
-
-def prompt_of(gid: str) -> int | None:
-    return int(gid[1:]) if gid[:1] == "g" and gid[1:].isdigit() else None
 
 
 STALENESS = "staleness"   # Claim reason prefix: the replica must load newer weights first
@@ -258,12 +252,12 @@ class BufferCore:
         with self._cond:
             while True:
                 self._ensure_loaded()
-                pairs, discards, repeats = self._split_cancelled(pairs)   # a group may be cancelled while we wait
+                pairs, discards, repeats = split_cancelled(self.state, pairs)   # a group may be cancelled while we wait
                 if discards:
                     self._commit(list(discards))
                 dropped += sum(len(d.indices) for d in discards)
                 settled += repeats
-                fresh, dups, late = self._classify(pairs)
+                fresh, dups, late = classify(self.state, pairs)
                 if late:          # put under a lease since re-issued to another replica: never displaces its samples
                     self._commit([Refuse("superseded_lease", len(late))])
                     log.info("%d samples put under superseded leases dropped (%s)", len(late),
@@ -274,7 +268,8 @@ class BufferCore:
                 if not fresh:
                     return PutResult(0, dups + settled, dropped)
                 if self.state.stored_samples() < self.settings.capacity:
-                    self._commit(self._put_mutations(fresh))
+                    self._commit(put_mutations(self.state, fresh, self.settings.min_valid_per_group,
+                                               self.filters))
                     return PutResult(len(fresh), dups + settled, dropped)
                 remaining = end - time.monotonic()
                 if remaining <= 0:
@@ -299,69 +294,6 @@ class BufferCore:
 
     def _limits(self) -> SampleLimits:
         return replace(self.limits, max_weight_version=self._newest_version())
-
-    def _split_cancelled(self, pairs: list[tuple[sample_pb2.Sample, bytes]]
-                         ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], list[Discard], int]:
-        """(the samples of other groups, Discards for new indices of cancelled groups, repeats of counted ones)."""
-        cancelled = self.state.cancelled
-        rest: list = []
-        repeats = 0
-        new: dict = {}
-        for msg, raw in pairs:
-            c = cancelled.get(msg.group_id)
-            if c is None:
-                rest.append((msg, raw))
-                continue
-            mine = new.setdefault(msg.group_id, [])
-            if msg.index in c.counted or msg.index in mine or msg.index >= c.group_size:
-                repeats += 1
-            else:
-                mine.append(msg.index)
-        return rest, [Discard(gid, tuple(ix)) for gid, ix in new.items() if ix], repeats
-
-    def _classify(self, pairs: list[tuple[sample_pb2.Sample, bytes]]
-                  ) -> tuple[list[tuple[sample_pb2.Sample, bytes]], int, list[tuple[sample_pb2.Sample, bytes]]]:
-        """(samples to store, duplicates, samples put by a replica whose lease on the group was re-issued to
-        another: the group's ticket names its current holder, and only the holder's samples are stored)."""
-        st, fresh, seen, dups, late = self.state, [], set(), 0, []
-        for msg, raw in pairs:
-            g = st.open.get(msg.group_id)
-            if g is not None and msg.replica_id and g.replica and msg.replica_id != g.replica:
-                late.append((msg, raw))
-                continue
-            if g is None:
-                p = prompt_of(msg.group_id)
-                if st.group(msg.group_id) is None and (p is None or p >= st.next_prompt_index):
-                    raise UnknownGroup(f"group {msg.group_id!r} was never issued by Claim")
-                dups += 1          # ready, delivered, committed or dropped: a late or repeated put
-                continue
-            if msg.group_size != g.group_size or msg.prompt_index != g.prompt_index:
-                raise InvalidSample(f"sample {msg.group_id}/{msg.index} says group_size {msg.group_size}, prompt "
-                                    f"{msg.prompt_index}; the ticket says {g.group_size}, {g.prompt_index}")
-            key = (msg.group_id, msg.index)
-            if msg.index in g.samples or key in seen:
-                dups += 1
-                continue
-            seen.add(key)
-            fresh.append((msg, raw))
-        return fresh, dups, late
-
-    def _put_mutations(self, fresh: list[tuple[sample_pb2.Sample, bytes]]) -> list[Mutation]:
-        seq = self.state.seq
-        adds: dict[str, dict[int, Entry]] = {}
-        muts: list[Mutation] = []
-        for msg, raw in fresh:
-            seq += 1
-            muts.append(Add(msg.group_id, msg.index, seq, msg.weight_version, msg.status, msg.reward, raw))
-            adds.setdefault(msg.group_id, {})[msg.index] = Entry(seq, msg.index, msg.weight_version, msg.status,
-                                                                 msg.reward, raw)
-        for gid, new in adds.items():
-            g = self.state.open[gid]
-            entries = {**g.samples, **new}
-            if len(entries) == g.group_size:
-                seq += 1
-                muts.append(close_group(g, entries, seq, self.settings.min_valid_per_group, self.filters))
-        return muts
 
     # ---- GetBatch ------------------------------------------------------------------------------------------------
     @durable_reply

@@ -23,6 +23,10 @@ from services.buffer.mutations import (
 )
 
 
+def prompt_of(gid: str) -> int | None:
+    """The prompt index a group id names (`g<index>`), or None for an id the buffer never issued."""
+    return int(gid[1:]) if gid[:1] == "g" and gid[1:].isdigit() else None
+
 @dataclass
 class Entry:
     """One stored sample: its raw bytes and the few fields the buffer decides on."""
