@@ -134,9 +134,15 @@ def test_replica_killed_mid_broadcast_then_survivors_and_a_restarted_replica_use
         assert victim.proc.exitcode == -signal.SIGKILL
         assert read == [name for name, _ in tensors(1)]       # every tensor read once, lost group or not
         assert all(r.conn.recv_bytes() == b"member" for r in survivors)
-        if lost1:                                 # the trainer saw the death: the version went again, over gRPC
+        if lost1:                                 # the trainer saw the death: the version went again
             assert "broadcast group lost" in lost1
-            assert m1.options["members"] == "0" and m1.options["fallback"] == "bucketed"
+            # The retry finds the survivors either still noticing the death (no group: all over gRPC) or already
+            # waiting in the open generation (generation 1 of the 2 survivors after reform_seconds, and the gRPC
+            # stream beside it for the dead replica the group still expects); which one is a race, both are right.
+            assert m1.options["fallback"] == "bucketed"
+            if m1.options["members"] != "0":
+                assert m1.options["members"] == "2" and int(m1.options["generation"]) >= 1
+                assert sender.members == 2
             for r in survivors:
                 assert_bit_exact(r.fetch(m1), 1)
         # else gloo's tree hid the death from the trainer; the member that lost its child counted itself out
