@@ -1,6 +1,6 @@
 """Buffer put -> get -> ack throughput and latency, against raw Redis Streams in the same run. Prints, never asserts.
 
-For 1 KiB and 64 KiB samples: the real buffer service (`python -m services.buffer` in a subprocess, gRPC, each
+For 1 KiB and 64 KiB samples: the real buffer service (`python -m rlfleet.services.buffer` in a subprocess, gRPC, each
 store at each durability: embedded log with fsync everysec and with fsync always (the default: every reply waits
 for its commit's fsync, concurrent Puts share one fsync), Redis with AOF appendfsync everysec and always, set with
 CONFIG SET on the same server) fed by producer threads (Claim, then one Put per
@@ -139,7 +139,7 @@ def start_service(work: Path, store: str, redis_url: str, size: int, steps: int,
            "endpoints": {"buffer": f"127.0.0.1:{port}"}}
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "services.buffer", "--config", str(run_dir / "config.yaml")],
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.services.buffer", "--config", str(run_dir / "config.yaml")],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
     wait_healthy(f"127.0.0.1:{port}", timeout=60)
     return proc, f"127.0.0.1:{port}"

@@ -27,14 +27,14 @@ import torch  # noqa: E402
 from rlfleet.protocols import GroupTicket, Prompt, RolloutContext, RolloutFn, SamplingParams  # noqa: E402
 from rlfleet.rpc import channel  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
-from services.buffer.core import BufferCore  # noqa: E402
-from services.buffer.filters import load_filters  # noqa: E402
-from services.buffer.server import start_server  # noqa: E402
-from services.buffer.settings import BufferSettings  # noqa: E402
-from services.buffer.stores.embedded import EmbeddedStore  # noqa: E402
-from services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
-from services.rollout.messages import status_of  # noqa: E402
-from services.rollout.work_loop import WorkLoop, WorkSettings  # noqa: E402
+from rlfleet.services.buffer.core import BufferCore  # noqa: E402
+from rlfleet.services.buffer.filters import load_filters  # noqa: E402
+from rlfleet.services.buffer.server import start_server  # noqa: E402
+from rlfleet.services.buffer.settings import BufferSettings  # noqa: E402
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore  # noqa: E402
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from rlfleet.services.rollout.messages import status_of  # noqa: E402
+from rlfleet.services.rollout.work_loop import WorkLoop, WorkSettings  # noqa: E402
 from tests.support.engine_context import EngineContext  # noqa: E402
 from tests.support.tiny_model import make_tiny_model  # noqa: E402
 

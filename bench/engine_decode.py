@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 
 from examples.addition.model import build_random_model  # noqa: E402
 from rlfleet.protocols import SamplingParams  # noqa: E402
-from services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
 
 
 def make_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:

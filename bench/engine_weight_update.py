@@ -30,14 +30,14 @@ sys.path.insert(0, str(ROOT))
 
 from examples.addition.model import tiny_llama_config  # noqa: E402
 from examples.addition.tokenizer import save_tokenizer  # noqa: E402
+from rlfleet.services.rollout.engines.base import Engine  # noqa: E402
+from rlfleet.services.rollout.engines.sglang.client import SGLangClient  # noqa: E402
+from rlfleet.services.rollout.engines.sglang.engine import SGLangEngine, Verify, WeightPath  # noqa: E402
+from rlfleet.services.rollout.engines.sglang.server import SGLangServer  # noqa: E402
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from rlfleet.services.rollout.weight_updates import WeightUpdater  # noqa: E402
+from rlfleet.services.weight_sync.transports.bucketed import BucketedSender  # noqa: E402
 from rlfleet.v1 import weights_pb2  # noqa: E402
-from services.rollout.engines.base import Engine  # noqa: E402
-from services.rollout.engines.sglang.client import SGLangClient  # noqa: E402
-from services.rollout.engines.sglang.engine import SGLangEngine, Verify, WeightPath  # noqa: E402
-from services.rollout.engines.sglang.server import SGLangServer  # noqa: E402
-from services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
-from services.rollout.weight_updates import WeightUpdater  # noqa: E402
-from services.weight_sync.transports.bucketed import BucketedSender  # noqa: E402
 from tests.support.sglang_stub import INSTALL_HINT, server_spec, sglang_python  # noqa: E402
 
 TOKEN = "bench-token"

@@ -25,8 +25,8 @@ from examples.addition.model import build_random_model  # noqa: E402
 from rlfleet.batch_invariant import invariant_call  # noqa: E402
 from rlfleet.protocols import SamplingParams  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
-from services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
-from services.trainer.batch import build_train_batch, forward_logprobs  # noqa: E402
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs  # noqa: E402
 
 
 def make_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:

@@ -33,7 +33,7 @@ TOOL = {"role": "tool", "content": "<result>2146</result>"}
 
 
 def _direct(engine: Any, tok: Any, sampling: Any, seed: int) -> int:
-    from services.rollout.tito import TitoSession
+    from rlfleet.services.rollout.tito import TitoSession
 
     session = TitoSession(tok, [{"role": "user", "content": "37*58"}])
     for turn in range(2):
@@ -66,11 +66,11 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from rlfleet.protocols import SamplingParams
-    from services.rollout.engines.torch_engine import TorchEngine
-    from services.rollout.openai_api.app import AppSettings, OpenAIApp
-    from services.rollout.openai_api.serve import model_context
-    from services.rollout.openai_api.server import OpenAIServer
-    from services.rollout.openai_api.sessions import SessionStore
+    from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+    from rlfleet.services.rollout.openai_api.app import AppSettings, OpenAIApp
+    from rlfleet.services.rollout.openai_api.serve import model_context
+    from rlfleet.services.rollout.openai_api.server import OpenAIServer
+    from rlfleet.services.rollout.openai_api.sessions import SessionStore
     from tests.support.calculator_model import calculator_model_dir
 
     torch.set_num_threads(args.threads)

@@ -50,10 +50,10 @@ def measure(replicas: int, model: Path, work: Path, seconds: float, warmup: floa
     token = read_token(resolved.security.token_file)
     threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     try:
-        local._start("buffer", "services.buffer", [])
-        local._start("weight_sync", "services.weight_sync", [])
+        local._start("buffer", "rlfleet.services.buffer", [])
+        local._start("weight_sync", "rlfleet.services.weight_sync", [])
         for i in range(replicas):
-            local._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)], threads)
+            local._start(f"rollout-{i}", "rlfleet.services.rollout", ["--replica-index", str(i)], threads)
         local._wait([resolved.endpoints.buffer, *resolved.endpoints.rollout], 300)
         time.sleep(warmup)
         t0, n0 = time.monotonic(), generated_tokens(resolved.endpoints.rollout, token)

@@ -1,4 +1,4 @@
-"""Denial-of-service figures for the buffer as a real process (python -m services.buffer), mTLS and token mode.
+"""Denial-of-service figures for the buffer as a real process (python -m rlfleet.services.buffer), mTLS and token mode.
 
 1. RSS of the buffer before and after three concurrent unauthenticated 200 MiB Put requests (mTLS: refused at the
    handshake; token mode: refused by the 32 MiB server receive limit before the body is read).
@@ -50,7 +50,7 @@ def start_buffer(run: Path, security: dict) -> tuple[subprocess.Popen, str]:
            "endpoints": {"buffer": f"127.0.0.1:{port}"}}
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RLFLEET_IDENTITY": "buffer"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.buffer", "--config", str(run / "config.yaml")],
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.services.buffer", "--config", str(run / "config.yaml")],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(run / "buffer.log").open("w"))
     return proc, f"127.0.0.1:{port}"
 

@@ -38,7 +38,7 @@ from rlfleet.security.signing import (  # noqa: E402
     sign_manifest,
     verify_weights,
 )
-from services.weight_sync.transports.bucketed import BucketedSender, fetch  # noqa: E402
+from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, fetch  # noqa: E402
 
 
 def gbps(nbytes: int, seconds: float) -> float:

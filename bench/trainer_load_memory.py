@@ -31,7 +31,7 @@ def _peak_mb() -> float:
 
 def _worker(rank: int, world: int, port: int, model_dir: str, hooks: bool, out: str) -> None:
     torch.set_num_threads(1)
-    from services.trainer.backends.fsdp import FsdpBackend, init_distributed
+    from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 
     cfg = parse_config({"model": {"path": model_dir}, "trainer": {"world_size": world, "groups_per_step": world},
                         "rollout": {"data_source": "x:y", "reward_fn": "x:y", "group_size": 2}})

@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT))
 from rlfleet.config import parse_config  # noqa: E402
 from rlfleet.ports import free_ports  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
+from rlfleet.services.trainer.algorithms import resolve  # noqa: E402
+from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed  # noqa: E402
+from rlfleet.services.trainer.batch import rank_groups  # noqa: E402
+from rlfleet.services.trainer.step import StepContext  # noqa: E402
 from rlfleet.v1 import buffer_pb2  # noqa: E402
-from services.trainer.algorithms import resolve  # noqa: E402
-from services.trainer.backends.fsdp import FsdpBackend, init_distributed  # noqa: E402
-from services.trainer.batch import rank_groups  # noqa: E402
-from services.trainer.step import StepContext  # noqa: E402
 
 GROUP = 8
 

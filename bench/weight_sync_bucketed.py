@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, fetch  # noqa: E402
 from rlfleet.v1 import weights_pb2  # noqa: E402
-from services.weight_sync.transports.bucketed import BucketedSender, fetch  # noqa: E402
 
 TOKEN = "bench-token"
 

@@ -23,11 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlfleet.rpc import Server, channel  # noqa: E402
+from rlfleet.services.weight_sync.board import VersionBoard  # noqa: E402
+from rlfleet.services.weight_sync.servicer import WeightSyncServicer  # noqa: E402
+from rlfleet.services.weight_sync.transports.contract import Receiver, Sender  # noqa: E402
+from rlfleet.services.weight_sync.transports.peers import PeerDirectory  # noqa: E402
 from rlfleet.v1 import weight_sync_pb2_grpc  # noqa: E402
-from services.weight_sync.board import VersionBoard  # noqa: E402
-from services.weight_sync.servicer import WeightSyncServicer  # noqa: E402
-from services.weight_sync.transports.contract import Receiver, Sender  # noqa: E402
-from services.weight_sync.transports.peers import PeerDirectory  # noqa: E402
 
 
 def make_params(total_mb: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, torch.Tensor]]:
@@ -70,19 +70,19 @@ class Plane:
 
 
 def _sender(kind: str, address: str, mb: int, bucket_mb: int, versions: int, conn: Connection) -> None:
-    from services.weight_sync.transports.bucketed.sender import BucketedSender
+    from rlfleet.services.weight_sync.transports.bucketed.sender import BucketedSender
 
     torch.set_num_threads(1)
     directory = PeerDirectory(channel(address, None))
     params = make_params(mb, 0)
     sender: Sender
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast.sender import BroadcastSender
+        from rlfleet.services.weight_sync.transports.broadcast.sender import BroadcastSender
 
         sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, bucket_mb << 20), directory.register, 1,
                                  join_seconds=120)
     else:
-        from services.weight_sync.transports.nixl.sender import NixlSender
+        from rlfleet.services.weight_sync.transports.nixl.sender import NixlSender
 
         sender = NixlSender(directory.peers, bucket_mb << 20, expected_replicas=1, wait_seconds=120)
     for v in range(1, versions + 1):
@@ -102,12 +102,12 @@ def bench_transport(kind: str, mb: int, bucket_mb: int, versions: int) -> list[f
     n = nbytes(params)
     receiver: Receiver
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+        from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
         receiver = BroadcastReceiver(plane.directory.peers, join_seconds=120)
     else:
-        from services.weight_sync.transports.layout import TensorSpec, plan
-        from services.weight_sync.transports.nixl.receiver import NixlReceiver
+        from rlfleet.services.weight_sync.transports.layout import TensorSpec, plan
+        from rlfleet.services.weight_sync.transports.nixl.receiver import NixlReceiver
 
         specs = [TensorSpec(k, "bfloat16", tuple(t.shape), t.numel() * 2) for k, t in params]
         receiver = NixlReceiver("bench", plan(specs, bucket_mb << 20).total_bytes, plane.directory.register)
@@ -133,8 +133,8 @@ def bench_transport(kind: str, mb: int, bucket_mb: int, versions: int) -> list[f
 def bench_delta(mb: int) -> None:
     from safetensors.torch import load_file, save_file
 
-    from services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
-    from services.weight_sync.transports.disk_delta.sender import DeltaSender
+    from rlfleet.services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
+    from rlfleet.services.weight_sync.transports.disk_delta.sender import DeltaSender
 
     params = make_params(mb, 1, torch.float32)                  # fp32 master weights
     master = [torch.nn.Parameter(t) for _, t in params]

@@ -15,11 +15,9 @@ RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin 
 COPY docker/requirements/controller.txt /tmp/controller.txt
 RUN pip install --no-cache-dir -r /tmp/controller.txt
 COPY rlfleet /app/rlfleet
-COPY services/__init__.py /app/services/__init__.py
-COPY services/controller /app/services/controller
 
 USER 10001:10001
 EXPOSE 9400
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ['RLFLEET_METRICS_PORT'] + '/metrics', timeout=4)"]
-ENTRYPOINT ["python", "-m", "services.controller"]
+ENTRYPOINT ["python", "-m", "rlfleet.services.controller"]

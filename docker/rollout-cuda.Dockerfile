@@ -19,12 +19,11 @@ RUN pip install --no-cache-dir sglang==0.5.23 nixl==1.5.1 \
  && pip install --no-cache-dir -r /tmp/runtime.txt
 COPY docker/healthcheck.py /usr/local/bin/rlfleet-healthcheck
 COPY rlfleet /app/rlfleet
-COPY services /app/services
 COPY examples /app/examples
 
 USER 10001:10001
 EXPOSE 50055 9400
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "/usr/local/bin/rlfleet-healthcheck"]
-ENTRYPOINT ["python", "-m", "services.rollout"]
+ENTRYPOINT ["python", "-m", "rlfleet.services.rollout"]
 CMD ["--config", "/etc/rlfleet/config.yaml", "--listen", "0.0.0.0:50055", "--metrics-port", "9400"]

@@ -21,12 +21,11 @@ RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERS
  && pip install --no-cache-dir -r /tmp/runtime.txt megatron-core==0.16.1 nixl==1.5.1
 COPY docker/healthcheck.py /usr/local/bin/rlfleet-healthcheck
 COPY rlfleet /app/rlfleet
-COPY services /app/services
 COPY examples /app/examples
 
 USER 10001:10001
 EXPOSE 50053 9400
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "/usr/local/bin/rlfleet-healthcheck"]
-ENTRYPOINT ["python", "-m", "services.trainer"]
+ENTRYPOINT ["python", "-m", "rlfleet.services.trainer"]
 CMD ["--config", "/etc/rlfleet/config.yaml", "--listen", "0.0.0.0:50053", "--metrics-port", "9400"]

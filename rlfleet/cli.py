@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout replicas: {len(status.running)} ({', '.join(status.running)})")
         return 0
     if ns.command == "buffer":        # the buffer's code reads its own log format, in its own process
-        return subprocess.run([sys.executable, "-m", "services.buffer.stores.repair", ns.action, ns.run_dir],
+        return subprocess.run([sys.executable, "-m", "rlfleet.services.buffer.stores.repair", ns.action, ns.run_dir],
                               check=False).returncode
     if ns.command == "convert":       # the trainer's code reads its own checkpoint format, in its own process
-        cmd = [sys.executable, "-m", "services.trainer.export", ns.checkpoint, ns.out_dir]
+        cmd = [sys.executable, "-m", "rlfleet.services.trainer.export", ns.checkpoint, ns.out_dir]
         return subprocess.run(cmd + (["--dtype", ns.dtype] if ns.dtype else []), check=False).returncode
 
     # Plugins (config dotted paths such as examples.addition.reward:score) import from the current directory, as in

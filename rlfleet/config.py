@@ -160,7 +160,8 @@ class RolloutConfig(Section):
     reward_args: dict[str, Any] = Field({}, description="Options of a stock reward (or kwargs of a dotted-path "
                                         "reward factory).")
     reward_timeout: float = Field(60.0, gt=0, description="Seconds; a reward that takes longer fails its sample.")
-    rollout_fn: str = Field("services.rollout.rollout_fns:single_turn", description="Dotted path to the RolloutFn "
+    rollout_fn: str = Field("rlfleet.services.rollout.rollout_fns:single_turn",
+                            description="Dotted path to the RolloutFn "
                             "that turns a prompt into samples (single turn, or a multi-turn agent).")
     sampling: SamplingConfig = Field(SamplingConfig(), description="How responses are sampled.")
     max_batch_size: int = Field(64, ge=1, description="Concurrent sequences in the engine.")

@@ -88,7 +88,7 @@ class PackingConfig(Section):
     max_tokens: int = Field(2048, ge=8, description="Tokens per packed row.")
 
 
-# issue 13: verl / TRL parity (services/trainer/losses.py, advantages.py, batch_invariant.py)
+# issue 13: verl / TRL parity (rlfleet/services/trainer/losses.py, advantages.py, batch_invariant.py)
 LossAgg = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
                   "bnpo", "dapo", "grpo", "dr_grpo"]   # TRL's loss_type names are aliases (losses.AGG_ALIASES)
 
@@ -194,5 +194,5 @@ class TrainerConfig(Section):
                                           "entropy of the token-level policy losses.")
     estimator: EstimatorConfig = Field(EstimatorConfig(), description="Options of the advantage estimators.")
     on_policy: bool = Field(False, description="True on-policy: engine and trainer compute log-probs with the same "
-                            "batch-invariant CPU kernels (services/batch_invariant.py), so logprob_abs_diff is "
+                            "batch-invariant CPU kernels (rlfleet/services/batch_invariant.py), so logprob_abs_diff is "
                             "exactly 0; torch engine + fsdp on CPU, fp32 only.")

@@ -1,7 +1,7 @@
 """What an rlfleet service's exit code says, for whoever restarts it (the launcher, the Kubernetes controller).
 
 Every code but DEVICE_FAULT is the application's: the controller restarts the pod and never quarantines its node
-for one (services/controller/exit_rules.py holds its whole table, signals included).
+for one (rlfleet/services/controller/exit_rules.py holds its whole table, signals included).
 """
 
 from __future__ import annotations

@@ -175,20 +175,20 @@ class LocalRun:
         print("rlfleet: cores (placement): " + ", ".join(
             f"{name} cpus {','.join(map(str, p.cpus))} x{p.threads} threads" for name, p in self.placement.items()),
             file=sys.stderr)
-        self._start("buffer", "services.buffer", [])
-        self._start("weight_sync", "services.weight_sync", [])
+        self._start("buffer", "rlfleet.services.buffer", [])
+        self._start("weight_sync", "rlfleet.services.weight_sync", [])
         self._wait([cfg.endpoints.buffer, cfg.endpoints.weight_sync], 60)
         host, _, port = cfg.endpoints.rendezvous.rpartition(":")
         for rank in range(cfg.trainer.world_size):
-            self._start(f"trainer-{rank}", "services.trainer", [], {
+            self._start(f"trainer-{rank}", "rlfleet.services.trainer", [], {
                 "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.trainer.world_size),
                 "MASTER_ADDR": host, "MASTER_PORT": port})
         for i in range(cfg.rollout.replicas):
-            self._start(f"rollout-{i}", "services.rollout", ["--replica-index", str(i)])
+            self._start(f"rollout-{i}", "rlfleet.services.rollout", ["--replica-index", str(i)])
         self._write_processes()
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
         if cfg.rollout.openai.enabled:                # one entry point: each session to one replica
-            self._start("openai-gateway", "services.rollout.openai_api", [])
+            self._start("openai-gateway", "rlfleet.services.rollout.openai_api", [])
             self._write_processes()
 
     # -- scaling rollout mid-run (rlfleet/scaling.py) ----------------------------------------------------------------
@@ -202,7 +202,7 @@ class LocalRun:
         for _ in range(desired - len(running)):
             index, self.next_replica = self.next_replica, self.next_replica + 1
             port = free_ports(1)[0]
-            self._start(f"rollout-{index}", "services.rollout",
+            self._start(f"rollout-{index}", "rlfleet.services.rollout",
                         ["--replica-index", str(index), "--listen", f"127.0.0.1:{port}"])
             log.info("scale: started rollout-%d on port %d", index, port)
         for name in running[desired:][::-1] if desired < len(running) else []:

@@ -93,7 +93,8 @@ class WeightSyncMetrics:
 
 
 class ControllerMetrics:
-    """The on-call controller (services/controller): recoveries, the API actions they took, leadership, watches."""
+    """The on-call controller (rlfleet/services/controller): recoveries, the API actions they took, leadership,
+    watches."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.recoveries = Counter("rlfleet_controller_recoveries", "Recoveries by failure kind and outcome",

@@ -70,11 +70,11 @@ def check_rewards(cfg: Config) -> None:
 
 
 def check_algorithm(cfg: Config) -> None:
-    """The trainer resolves its own names (services/trainer/check_algorithm.py), in a child process."""
+    """The trainer resolves its own names (rlfleet/services/trainer/check_algorithm.py), in a child process."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "services.trainer.check_algorithm"],
+    out = subprocess.run([sys.executable, "-m", "rlfleet.services.trainer.check_algorithm"],
                          input=cfg.trainer.model_dump_json(), capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise PluginError(f"trainer: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else 'refused'}")

@@ -41,7 +41,7 @@ def listen_address(endpoint: str, override: str | None) -> str:
 
 def parse_service_args(name: str, argv: list[str] | None = None,
                        add_args: list[tuple[tuple[str, ...], dict]] | None = None) -> ServiceArgs:
-    parser = argparse.ArgumentParser(prog=f"python -m services.{name}")
+    parser = argparse.ArgumentParser(prog=f"python -m rlfleet.services.{name}")
     parser.add_argument("--config", required=True, help="resolved run config (YAML)")
     parser.add_argument("--listen", default=None, help="HOST:PORT to serve on (default: own endpoint)")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")

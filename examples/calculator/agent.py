@@ -24,8 +24,8 @@ import openai
 from examples.calculator.tool import find_call, tool_message
 from rlfleet.protocols import GroupTicket, Prompt, RolloutContext
 from rlfleet.sample import Sample, Status
-from services.rollout.messages import sample_seed
-from services.rollout.openai_api.endpoint import OpenAIEndpoint, endpoint_of
+from rlfleet.services.rollout.messages import sample_seed
+from rlfleet.services.rollout.openai_api.endpoint import OpenAIEndpoint, endpoint_of
 
 MAX_TURNS = 3
 CALL_END = "</calc>"     # one token of the example's tokenizer: generation stops there

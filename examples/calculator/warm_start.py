@@ -20,7 +20,7 @@ from examples.calculator.data import train_prompts
 from examples.calculator.tokenizer import save_tokenizer
 from examples.calculator.tool import calculate
 from rlfleet.protocols import Generation, Prompt
-from services.rollout.tito import TitoSession
+from rlfleet.services.rollout.tito import TitoSession
 
 SFT_STEPS = 150
 SFT_BATCH = 32

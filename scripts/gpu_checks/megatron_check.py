@@ -27,10 +27,10 @@ if str(ROOT) not in sys.path:                     # run as a script from anywher
 
 from rlfleet.config import Config, parse_config  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
-from services.trainer.algorithms import resolve  # noqa: E402
-from services.trainer.backends import make_backend  # noqa: E402
-from services.trainer.backends.fsdp import init_distributed  # noqa: E402
-from services.trainer.step import StepContext  # noqa: E402
+from rlfleet.services.trainer.algorithms import resolve  # noqa: E402
+from rlfleet.services.trainer.backends import make_backend  # noqa: E402
+from rlfleet.services.trainer.backends.fsdp import init_distributed  # noqa: E402
+from rlfleet.services.trainer.step import StepContext  # noqa: E402
 
 H200_BF16_PEAK = 989e12          # dense bf16 FLOP/s of one H200 (SXM)
 

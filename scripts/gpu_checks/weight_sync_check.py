@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 if TYPE_CHECKING:
-    from services.weight_sync.transports.contract import Receiver, Sender
+    from rlfleet.services.weight_sync.transports.contract import Receiver, Sender
 
 
 def d2d_gbps(n: int, device: str) -> float:
@@ -52,21 +52,21 @@ def params(mb: int, device: str) -> list[tuple[str, torch.Tensor]]:
 
 def _trainer(kind: str, address: str, mb: int, bucket_mb: int, device: str, conn: Connection) -> None:
     from rlfleet.rpc import channel
-    from services.weight_sync.transports.bucketed.sender import BucketedSender
-    from services.weight_sync.transports.peers import PeerDirectory
+    from rlfleet.services.weight_sync.transports.bucketed.sender import BucketedSender
+    from rlfleet.services.weight_sync.transports.peers import PeerDirectory
 
     torch.cuda.set_device(torch.device(device))
     directory = PeerDirectory(channel(address, None))
     named = params(mb, device)
     sender: Sender
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast.sender import BroadcastSender
+        from rlfleet.services.weight_sync.transports.broadcast.sender import BroadcastSender
 
         group_device = device if torch.cuda.device_count() > 1 else "cpu"
         sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, bucket_mb << 20), directory.register, 1,
                                  device=group_device, join_seconds=120)
     else:
-        from services.weight_sync.transports.nixl.sender import NixlSender
+        from rlfleet.services.weight_sync.transports.nixl.sender import NixlSender
 
         sender = NixlSender(directory.peers, bucket_mb << 20, device=device, expected_replicas=1, wait_seconds=120)
     for v in (1, 2, 3):
@@ -83,10 +83,10 @@ def run(kind: str, mb: int, bucket_mb: int) -> list[float]:
 
     from rlfleet.metrics import WeightSyncMetrics
     from rlfleet.rpc import Server, channel
+    from rlfleet.services.weight_sync.board import VersionBoard
+    from rlfleet.services.weight_sync.servicer import WeightSyncServicer
+    from rlfleet.services.weight_sync.transports.peers import PeerDirectory
     from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
-    from services.weight_sync.board import VersionBoard
-    from services.weight_sync.servicer import WeightSyncServicer
-    from services.weight_sync.transports.peers import PeerDirectory
 
     server = Server("127.0.0.1:0", None)
     server.add(weight_sync_pb2_grpc.add_WeightSyncServicer_to_server,
@@ -98,12 +98,12 @@ def run(kind: str, mb: int, bucket_mb: int) -> list[float]:
     n = sum(t.numel() * t.element_size() for _, t in params(mb, "cuda:0"))
     receiver: Receiver
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+        from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
         group_device = "cuda:0" if torch.cuda.device_count() > 1 else "cpu"
         receiver = BroadcastReceiver(directory.peers, group_device, join_seconds=120)
     else:
-        from services.weight_sync.transports.nixl.receiver import NixlReceiver
+        from rlfleet.services.weight_sync.transports.nixl.receiver import NixlReceiver
 
         receiver = NixlReceiver("gpu-check", n + (64 << 20), directory.register, "cuda:0")
     ctx = mp.get_context("spawn")

@@ -11,13 +11,13 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from rlfleet.metrics import ControllerMetrics
-from services.controller.controller import Controller
-from services.controller.events import EventRecorder
-from services.controller.kube import Kube
-from services.controller.progress import TrainerProgress
-from services.controller.recovery import RecoveryRunner
-from services.controller.settings import Settings
-from services.controller.store import RecoveryStore
+from rlfleet.services.controller.controller import Controller
+from rlfleet.services.controller.events import EventRecorder
+from rlfleet.services.controller.kube import Kube
+from rlfleet.services.controller.progress import TrainerProgress
+from rlfleet.services.controller.recovery import RecoveryRunner
+from rlfleet.services.controller.settings import Settings
+from rlfleet.services.controller.store import RecoveryStore
 from tests.cluster.k8s_objects import NAMESPACE, RELEASE
 from tests.cluster.kmock_server import KmockApi
 

@@ -1,4 +1,5 @@
-"""The four real services started as the chart starts them (python -m services.X --config --listen --metrics-port),
+"""The four real services started as the chart starts them (python -m rlfleet.services.X --config --listen
+--metrics-port),
 on loopback, so their /metrics endpoints can be scraped."""
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class LiveServices:
         env = dict(os.environ, RANK="0", WORLD_SIZE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
         env.pop("RLFLEET_TOKEN", None)
         for name in SERVICES:
-            args = [sys.executable, "-m", f"services.{name}", "--config", str(self.config),
+            args = [sys.executable, "-m", f"rlfleet.services.{name}", "--config", str(self.config),
                     "--metrics-port", str(self.metrics_ports[name])]
             if name == "rollout":
                 args += ["--replica-index", "0", "--replica-id", "rollout-live-0"]

@@ -31,11 +31,11 @@ from rlfleet.rpc import Server
 from rlfleet.security.credentials import load_credential
 from rlfleet.security.identity import IDENTITY_ENV, Identity
 from rlfleet.security.pki import create_ca
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.server import start_server
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
-from services.buffer.core import BufferCore
-from services.buffer.server import start_server
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
 from tests.cluster.chart import ROOT, WORKLOAD_KINDS, all_pod_specs, by_kind, component, pod_spec, render
 from tests.cluster.tools import need_module
 

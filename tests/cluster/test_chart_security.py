@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from rlfleet.security.scrub import redis_url_with_credentials
-from services.buffer.stores.redis_streams import RedisStore
+from rlfleet.services.buffer.stores.redis_streams import RedisStore
 from tests.cluster.chart import WORKLOAD_KINDS, all_pod_specs, by_kind, component, pod_spec, render
 from tests.cluster.tools import need_module
 from tests.support.redis_server import free_port

@@ -12,8 +12,8 @@ from kubernetes import client  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from rlfleet.metrics import ControllerMetrics  # noqa: E402
-from services.controller.__main__ import build  # noqa: E402
-from services.controller.settings import parse_settings  # noqa: E402
+from rlfleet.services.controller.__main__ import build  # noqa: E402
+from rlfleet.services.controller.settings import parse_settings  # noqa: E402
 from tests.cluster.chart import by_kind, component, pod_spec, render  # noqa: E402
 
 
@@ -22,7 +22,7 @@ def test_chart_args_parse_and_the_controller_builds(tmp_path, monkeypatch) -> No
     objects = render({"controller": {"hungAfterSeconds": 1200, "replicaDeadAfterSeconds": 240},
                       "security": {"mode": "token"}})      # (mtls, the default: tests/cluster/test_chart_mtls.py)
     container = pod_spec(component(objects, "Deployment", "controller"))["containers"][0]
-    assert container["command"] == ["python", "-m", "services.controller"]
+    assert container["command"] == ["python", "-m", "rlfleet.services.controller"]
     config = next(o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] == "run1-config")
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(config["data"]["config.yaml"])

@@ -6,7 +6,7 @@ import pytest
 
 from rlfleet import exit_codes
 from rlfleet.exit_codes import DEVICE_FAULT, is_device_fault
-from services.controller.decisions import (
+from rlfleet.services.controller.decisions import (
     DEAD_REPLICA,
     HUNG_RANK,
     NODE_FAILURE,
@@ -15,9 +15,9 @@ from services.controller.decisions import (
     replica_failures,
     trainer_failures,
 )
-from services.controller.exit_rules import BY_EXIT_CODE
-from services.controller.objects import Node, Pod, Snapshot
-from services.controller.progress import HungTracker, TrainerProgress, suspect_ranks
+from rlfleet.services.controller.exit_rules import BY_EXIT_CODE
+from rlfleet.services.controller.objects import Node, Pod, Snapshot
+from rlfleet.services.controller.progress import HungTracker, TrainerProgress, suspect_ranks
 from tests.cluster.k8s_objects import node, pod
 
 Q = "rlfleet.io/quarantined"
@@ -67,7 +67,8 @@ def test_failed_rank_quarantines_only_its_node() -> None:
     (135, "Error", True),               # SIGBUS: a hardware memory error
 ])
 def test_only_node_level_exits_quarantine(code: int, reason: str, node_fault: bool) -> None:
-    """The exit-code table (services/controller/exit_rules.py): application exits restart the gang, never taint."""
+    """The exit-code table (rlfleet/services/controller/exit_rules.py): application exits restart the gang, never
+    taint."""
     (f,) = trainer_failures(snap(gang(**{"2": {"exit_code": code, "reason": reason, "ready": False}}), NODES))
     assert f.kind == RANK_FAILURE and len(f.delete_pods) == 4
     assert f.quarantine == (("n2",) if node_fault else ()), f.reason

@@ -12,8 +12,8 @@ from tests.cluster.tools import need_module
 need_module("kubernetes", module_level=True)
 need_module("kmock", module_level=True)
 
-from services.controller.kube import Kube  # noqa: E402
-from services.controller.progress import TrainerProgress  # noqa: E402
+from rlfleet.services.controller.kube import Kube  # noqa: E402
+from rlfleet.services.controller.progress import TrainerProgress  # noqa: E402
 from tests.cluster.controller_rig import Clock, Cluster, ScriptedProgress, build_controller, sample  # noqa: E402
 from tests.cluster.k8s_objects import node, pod  # noqa: E402
 from tests.cluster.kmock_server import KmockApi  # noqa: E402

@@ -18,8 +18,8 @@ need_module("kmock", module_level=True)
 import kmock  # noqa: E402
 from kubernetes import client  # noqa: E402
 
-from services.controller.leader import LeaseElector  # noqa: E402
-from services.controller.watcher import ListWatch  # noqa: E402
+from rlfleet.services.controller.leader import LeaseElector  # noqa: E402
+from rlfleet.services.controller.watcher import ListWatch  # noqa: E402
 from tests.cluster.controller_rig import Clock  # noqa: E402
 from tests.cluster.k8s_objects import NAMESPACE, pod  # noqa: E402
 from tests.cluster.kmock_server import KmockApi  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 from rlfleet.protocols import GroupTicket, Prompt, RolloutContext
 from rlfleet.sample import Sample
-from services.rollout.rollout_fns import single_turn
+from rlfleet.services.rollout.rollout_fns import single_turn
 from tests.support.runs import ROOT, rlfleet_cmd, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -88,7 +88,7 @@ def test_replica_killed_mid_generation_loses_no_group(tmp_path: Path, warm_model
 
     # The ledger: every step trained on whole groups, nothing dropped as failed or aborted, and no re-queued group
     # is still open (each was generated again and used, or is ready for a step the run did not need).
-    from services.buffer.stores.embedded import EmbeddedStore
+    from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 
     store = EmbeddedStore(run_dir / "buffer")
     state = store.load()

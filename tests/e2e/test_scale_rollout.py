@@ -22,7 +22,7 @@ import pytest
 from rlfleet.metrics import read_jsonl
 from rlfleet.protocols import GroupTicket, Prompt, RolloutContext
 from rlfleet.sample import Sample
-from services.rollout.rollout_fns import single_turn
+from rlfleet.services.rollout.rollout_fns import single_turn
 from tests.support.runs import EXAMPLE, ROOT, rlfleet_cmd, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

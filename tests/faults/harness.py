@@ -42,10 +42,10 @@ import grpc
 import yaml
 
 from rlfleet.rpc import wait_healthy
+from rlfleet.services.buffer.stores import Store
+from rlfleet.services.buffer.stores.embedded import LOG_NAME, decode_commit
+from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
-from services.buffer.stores import Store
-from services.buffer.stores.embedded import LOG_NAME, decode_commit
-from services.buffer.stores.logfile import HEADER_BYTES, scan
 from tests.faults.ledger import Fault, Ledger, Verdict, check
 from tests.integration.test_buffer_contract import make_sample
 from tests.integration.test_buffer_service import TOKEN, BufferProcess
@@ -136,12 +136,12 @@ class Cluster:
     def stored_ids(self) -> set[str]:
         """Sample ids still in the store (open or ready groups) once the buffer is stopped."""
         if self.redis is not None:
-            from services.buffer.stores.redis_streams import RedisStore
+            from rlfleet.services.buffer.stores.redis_streams import RedisStore
 
             store: Store = RedisStore(self.redis.url, prefix="rlfleet:faults:buffer")
             state = store.load()
         else:
-            from services.buffer.stores.embedded import EmbeddedStore
+            from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 
             store = EmbeddedStore(self.run_dir / "buffer")
             state = store.load()

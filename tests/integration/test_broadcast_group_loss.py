@@ -21,12 +21,12 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
+from rlfleet.services.weight_sync.transports.broadcast.group import Group, broadcast, connect, join, record_left
+from rlfleet.services.weight_sync.transports.broadcast.sender import BroadcastSender
+from rlfleet.services.weight_sync.transports.broadcast.wire import HEADER_LEN, parse
+from rlfleet.services.weight_sync.transports.bucketed.sender import BucketedSender
+from rlfleet.services.weight_sync.transports.errors import GroupLost
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.transports.broadcast.group import Group, broadcast, connect, join, record_left
-from services.weight_sync.transports.broadcast.sender import BroadcastSender
-from services.weight_sync.transports.broadcast.wire import HEADER_LEN, parse
-from services.weight_sync.transports.bucketed.sender import BucketedSender
-from services.weight_sync.transports.errors import GroupLost
 from tests.integration.test_transports_failures import ControlPlane
 
 torch.set_num_threads(1)
@@ -52,9 +52,9 @@ def assert_bit_exact(got: Iterable[tuple[str, torch.Tensor]], version: int, n: i
 def _replica(address: str, conn: Connection) -> None:
     """A replica: joins (or not) the broadcast group, then fetches each manifest it is sent and returns the tensors."""
     from rlfleet.rpc import channel
-    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
-    from services.weight_sync.transports.errors import WeightTransferError
-    from services.weight_sync.transports.peers import PeerDirectory
+    from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+    from rlfleet.services.weight_sync.transports.errors import WeightTransferError
+    from rlfleet.services.weight_sync.transports.peers import PeerDirectory
 
     torch.set_num_threads(1)
     receiver = BroadcastReceiver(PeerDirectory(channel(address, None)).peers, join_seconds=60)
@@ -189,7 +189,7 @@ def _consume_version(group: Group) -> int:
 def test_member_that_left_makes_the_next_version_go_over_the_fallback() -> None:
     """A member records leaving while its connections stay open (the trainer cannot see it): the next stage drops
     the group without raising, serves everyone over gRPC, and the dropped group ends the other members' waits."""
-    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+    from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
     plane = ControlPlane()
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 2,
@@ -240,7 +240,7 @@ def test_replica_joining_after_formation_is_taken_into_the_next_generation() -> 
     """A restarted (or added) replica waits in the open generation; the next stage ends the live group with REFORM,
     and both replicas receive that version in the next generation. A members-0 manifest is fetched over gRPC at
     once, even by a member whose group is alive."""
-    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+    from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
     plane = ControlPlane()
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 1,

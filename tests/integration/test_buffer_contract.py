@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rlfleet.services.buffer.core import BufferCore, PutResult
+from rlfleet.services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
+from rlfleet.services.buffer.filters import load_filters
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores import Store, StoreError
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
+from rlfleet.services.buffer.stores.redis_streams import RedisStore
 from rlfleet.v1 import sample_pb2
-from services.buffer.core import BufferCore, PutResult
-from services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
-from services.buffer.filters import load_filters
-from services.buffer.settings import BufferSettings
-from services.buffer.stores import Store, StoreError
-from services.buffer.stores.embedded import EmbeddedStore
-from services.buffer.stores.redis_streams import RedisStore
 from tests.support.redis_server import RedisServer
 
 COMPLETED, FAILED, ABORTED = (sample_pb2.SAMPLE_STATUS_COMPLETED, sample_pb2.SAMPLE_STATUS_FAILED,

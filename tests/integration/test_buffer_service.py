@@ -1,4 +1,4 @@
-"""The buffer as a real process: `python -m services.buffer`, its gRPC status codes, auth, SIGTERM."""
+"""The buffer as a real process: `python -m rlfleet.services.buffer`, its gRPC status codes, auth, SIGTERM."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from rlfleet.rpc import channel, wait_healthy
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.server import start_server
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
-from services.buffer.core import BufferCore
-from services.buffer.server import start_server
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
 from tests.integration.test_buffer_contract import make_sample
 from tests.support.redis_server import free_port
 
@@ -45,7 +45,7 @@ def write_config(run_dir: Path, port: int, **buffer: object) -> Path:
 
 
 class BufferProcess:
-    """python -m services.buffer in a subprocess, restartable on the same port and config."""
+    """python -m rlfleet.services.buffer in a subprocess, restartable on the same port and config."""
 
     def __init__(self, config: Path, port: int, args: tuple[str, ...] = ()) -> None:
         self.config, self.port, self.args = config, port, args
@@ -56,7 +56,7 @@ class BufferProcess:
     def start(self) -> BufferProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with self.log.open("a") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "services.buffer", "--config", str(self.config),
+            self.proc = subprocess.Popen([sys.executable, "-m", "rlfleet.services.buffer", "--config", str(self.config),
                                           *self.args],
                                          cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
         wait_healthy(self.address, timeout=30)

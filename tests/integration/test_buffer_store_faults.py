@@ -15,11 +15,11 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.rpc import channel
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores import Superseded
+from rlfleet.services.buffer.stores.redis_streams import RedisStore
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
-from services.buffer.core import BufferCore
-from services.buffer.settings import BufferSettings
-from services.buffer.stores import Superseded
-from services.buffer.stores.redis_streams import RedisStore
 from tests.integration.test_buffer_contract import make_sample
 from tests.integration.test_buffer_service import TOKEN, BufferProcess, write_config
 from tests.support.redis_server import RedisServer, free_port

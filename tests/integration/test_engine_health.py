@@ -1,7 +1,8 @@
 """Health that means serving: a live replica whose SGLang server freezes (SIGSTOP) or dies (kill -9) turns
 NOT_SERVING and exits with ENGINE_UNHEALTHY_EXIT within 15 s, so that the launcher (or Kubernetes) replaces it.
 
-The real `python -m services.rollout` process, a real SGLang 0.5.23 server on CPU (the engine is pointed at it with
+The real `python -m rlfleet.services.rollout` process, a real SGLang 0.5.23 server on CPU (the engine is pointed at it
+with
 RLFLEET_SGLANG_URL, so the test owns the server and can freeze or kill it), in-test Buffer and WeightSync servers.
 Needs .venv-sglang (bash scripts/install_sglang_cpu.sh)."""
 
@@ -21,9 +22,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.rpc import channel
-from services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
-from services.rollout.engines.sglang.client import SGLangClient, SGLangError
-from services.rollout.engines.sglang.server import SGLangServer
+from rlfleet.services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
+from rlfleet.services.rollout.engines.sglang.client import SGLangClient, SGLangError
+from rlfleet.services.rollout.engines.sglang.server import SGLangServer
 from tests.integration.test_rollout_service import (  # noqa: F401 - `servers` is a fixture
     GROUP_SIZE,
     ROOT,
@@ -106,7 +107,8 @@ def _replica(tmp: Path, server: SGLangServer, servers_: tuple, rep: str) -> tupl
                        health={"interval": 1.0, "failures": 3}, sglang={"api_key_file": str(tmp / "sglang.key")})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "RLFLEET_SGLANG_URL": server.url}
-    proc = subprocess.Popen([sys.executable, "-m", "services.rollout", "--config", str(cfg), "--replica-index", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.services.rollout", "--config", str(cfg),
+                             "--replica-index", "0",
                              "--replica-id", rep], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while len(buffer.samples) < GROUP_SIZE or _health(addr) != health_pb2.HealthCheckResponse.SERVING:

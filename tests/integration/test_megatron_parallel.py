@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from services.trainer import checkpoint
+from rlfleet.services.trainer import checkpoint
 from tests.support.megatron_cpu_shims import megatron_skip_reason
 from tests.support.megatron_runs import make_tiny_qwen2, spawn_run
 from tests.support.requires import requires

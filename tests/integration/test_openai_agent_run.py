@@ -1,4 +1,5 @@
-"""A live rollout replica (`python -m services.rollout`) runs the calculator agent, written against the real `openai`
+"""A live rollout replica (`python -m rlfleet.services.rollout`) runs the calculator agent, written against the real
+`openai`
 client, on its own OpenAI endpoint: the multi-turn samples it puts carry the engine's exact ids and logprobs (tool
 tokens masked out) and train. The endpoint is reachable from outside with the run's key only."""
 
@@ -22,13 +23,13 @@ from rlfleet.config import TrainerConfig
 from rlfleet.protocols import SamplingParams
 from rlfleet.rpc import Server
 from rlfleet.sample import Sample, Status
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.messages import sample_seed
+from rlfleet.services.rollout.openai_api.server import SESSION_HEADER
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.step import StepContext, train_step
 from rlfleet.v1 import buffer_pb2_grpc, weight_sync_pb2_grpc
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.messages import sample_seed
-from services.rollout.openai_api.server import SESSION_HEADER
-from services.trainer.algorithms import resolve
-from services.trainer.batch import build_train_batch, forward_logprobs
-from services.trainer.step import StepContext, train_step
 from tests.integration.test_rollout_service import (
     GROUP_SIZE,
     GROUPS,

@@ -27,17 +27,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import GroupTicket, SamplingParams
 from rlfleet.sample import Sample
-from services.rollout.context import GroupContext
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.openai_api.app import AppSettings, OpenAIApp
-from services.rollout.openai_api.endpoint import OpenAIEndpoint
-from services.rollout.openai_api.serve import model_context
-from services.rollout.openai_api.server import SESSION_HEADER, OpenAIServer
-from services.rollout.openai_api.sessions import ConflictError, SessionStore
-from services.rollout.partial import RetractingEngine
-from services.trainer.algorithms import resolve
-from services.trainer.batch import build_train_batch, forward_logprobs
-from services.trainer.step import StepContext, train_step
+from rlfleet.services.rollout.context import GroupContext
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.openai_api.app import AppSettings, OpenAIApp
+from rlfleet.services.rollout.openai_api.endpoint import OpenAIEndpoint
+from rlfleet.services.rollout.openai_api.serve import model_context
+from rlfleet.services.rollout.openai_api.server import SESSION_HEADER, OpenAIServer
+from rlfleet.services.rollout.openai_api.sessions import ConflictError, SessionStore
+from rlfleet.services.rollout.partial import RetractingEngine
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.step import StepContext, train_step
 from tests.support.calculator_model import calculator_model_dir
 
 torch.set_num_threads(1)

@@ -1,4 +1,5 @@
-"""The run's OpenAI gateway routes every request of a session to one replica (services/rollout/router.py), relays
+"""The run's OpenAI gateway routes every request of a session to one replica (rlfleet/services/rollout/router.py),
+relays
 JSON and SSE answers, checks the key, and moves a dead replica's sessions to a live one."""
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from transformers import AutoTokenizer
 
 from rlfleet.protocols import SamplingParams
 from rlfleet.security.pki import CA_CERT, cert_paths, create_run_pki
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.openai_api.app import OpenAIApp
-from services.rollout.openai_api.gateway import OpenAIGateway, Routes, http_router, replicas_in
-from services.rollout.openai_api.server import REPLICA_HEADER, SESSION_HEADER, OpenAIServer
-from services.rollout.openai_api.sessions import SessionStore
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.openai_api.app import OpenAIApp
+from rlfleet.services.rollout.openai_api.gateway import OpenAIGateway, Routes, http_router, replicas_in
+from rlfleet.services.rollout.openai_api.server import REPLICA_HEADER, SESSION_HEADER, OpenAIServer
+from rlfleet.services.rollout.openai_api.sessions import SessionStore
 from tests.support.calculator_model import calculator_model_dir
 
 torch.set_num_threads(1)
@@ -103,7 +104,8 @@ def test_sessions_stick_to_one_replica_and_move_when_it_dies(fleet: Any) -> None
 
 
 def test_the_gateway_process_serves_the_run_with_its_key(fleet: Any, tmp_path: Path) -> None:
-    """`python -m services.rollout.openai_api` (what `rlfleet run` starts): token mode, so the key is the run token."""
+    """`python -m rlfleet.services.rollout.openai_api` (what `rlfleet run` starts): token mode, so the key is the run
+    token."""
     _, servers, stores = fleet
     (tmp_path / "token").write_text(KEY)
     config = tmp_path / "config.yaml"
@@ -113,7 +115,8 @@ def test_the_gateway_process_serves_the_run_with_its_key(fleet: Any, tmp_path: P
                     "openai": {"enabled": True}},
         "security": {"mode": "token", "token_file": str(tmp_path / "token")}}))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "services.rollout.openai_api", "--config", str(config)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.services.rollout.openai_api", "--config", str(config)],
+                            cwd=ROOT,
                             env=env, stderr=subprocess.PIPE, text=True)
     address = tmp_path / "openai_gateway.json"
     try:

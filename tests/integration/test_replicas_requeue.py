@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlfleet.sample import Sample
-from services.buffer.core import BufferCore
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 
 SETTINGS = BufferSettings(capacity=256, group_size=2, groups_per_step=4, max_staleness=9, lease_seconds=3600.0,
                           min_valid_per_group=1, steps=10)

@@ -10,8 +10,8 @@ import pytest
 
 from rlfleet.packed_arrays import pack_i32, unpack_i32
 from rlfleet.rpc import Server
+from rlfleet.services.rollout.router import ReplicaRouter, rendezvous
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
-from services.rollout.router import ReplicaRouter, rendezvous
 
 TOKEN = "t0ken"
 

@@ -14,14 +14,14 @@ import torch
 from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext, RolloutFn, SamplingParams
 from rlfleet.rpc import channel
 from rlfleet.sample import Sample
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.server import start_server
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.messages import status_of
+from rlfleet.services.rollout.work_loop import WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
-from services.buffer.core import BufferCore
-from services.buffer.server import start_server
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.messages import status_of
-from services.rollout.work_loop import WorkLoop, WorkSettings
 from tests.support.engine_context import EngineContext
 from tests.support.tiny_model import make_tiny_model
 

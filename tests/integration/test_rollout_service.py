@@ -1,4 +1,4 @@
-"""The real `python -m services.rollout` process against in-test Buffer and WeightSync servers on loopback."""
+"""The real `python -m rlfleet.services.rollout` process against in-test Buffer and WeightSync servers on loopback."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from rlfleet.packed_arrays import pack_i32, unpack_f32, unpack_i32
 from rlfleet.protocols import SamplingParams
 from rlfleet.rpc import Server, channel, wait_healthy
 from rlfleet.sample import Sample, Status, validate_message
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.messages import sample_seed
 from rlfleet.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
@@ -33,8 +35,6 @@ from rlfleet.v1 import (
     weight_sync_pb2_grpc,
     weights_pb2,
 )
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.messages import sample_seed
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
@@ -138,7 +138,8 @@ def stderr_of(proc: subprocess.Popen) -> str:
 
 def start_replica(config: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "services.rollout", "--config", str(config), "--replica-index", "0",
+    return subprocess.Popen([sys.executable, "-m", "rlfleet.services.rollout", "--config", str(config),
+                             "--replica-index", "0",
                              "--replica-id", "rep-a"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -249,7 +250,7 @@ def test_plugin_import_failure_exits_2_naming_the_plugin(tmp_path: Path) -> None
 def test_weight_versions_arrive_by_subscription_and_load_weights(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from services.weight_sync.transports import bucketed
+    from rlfleet.services.weight_sync.transports import bucketed
 
     buffer, weights = FakeBuffer(groups=0), FakeWeightSync()
     bsrv, wsrv = Server("127.0.0.1:0", TOKEN), Server("127.0.0.1:0", TOKEN)

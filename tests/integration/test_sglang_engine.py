@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from rlfleet.protocols import Generation, SamplingParams
-from services.rollout.engines.base import Engine
-from services.rollout.engines.sglang.client import SGLangClient
-from services.rollout.engines.sglang.engine import SGLangEngine, WeightPath
-from services.rollout.engines.sglang.protocol import generate_body
-from services.rollout.engines.sglang.server import SGLangServer
-from services.rollout.engines.torch_engine import TorchEngine
-from services.weight_sync.transports.manifest import digest_of
+from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.engines.sglang.client import SGLangClient
+from rlfleet.services.rollout.engines.sglang.engine import SGLangEngine, WeightPath
+from rlfleet.services.rollout.engines.sglang.protocol import generate_body
+from rlfleet.services.rollout.engines.sglang.server import SGLangServer
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.weight_sync.transports.manifest import digest_of
 from tests.support.requires import requires
 from tests.support.sglang_stub import (
     INSTALL_HINT,

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from rlfleet.protocols import Generation, SamplingParams
-from services.rollout.engines.sglang.client import SGLangClient
-from services.rollout.engines.sglang.engine import SGLangEngine
-from services.rollout.engines.sglang.server import SGLangServer
-from services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.engines.sglang.client import SGLangClient
+from rlfleet.services.rollout.engines.sglang.engine import SGLangEngine
+from rlfleet.services.rollout.engines.sglang.server import SGLangServer
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from tests.support.requires import requires
 from tests.support.sglang_stub import INSTALL_HINT, make_sglang_tiny_moe, server_spec, sglang_python
 

@@ -14,14 +14,14 @@ from prometheus_client import CollectorRegistry
 from rlfleet.lineage import Epoch
 from rlfleet.metrics import WeightSyncMetrics
 from rlfleet.rpc import Server, channel
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.weight_updates import WeightUpdater, subscribe_loop
+from rlfleet.services.weight_sync.board import VersionBoard
+from rlfleet.services.weight_sync.servicer import WeightSyncServicer
 from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
-from services.buffer.core import BufferCore
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.weight_updates import WeightUpdater, subscribe_loop
-from services.weight_sync.board import VersionBoard
-from services.weight_sync.servicer import WeightSyncServicer
 from tests.integration.test_buffer_contract import make_sample
 from tests.support.tiny_model import make_tiny_model
 from tests.unit.test_rollout_weight_updates import published

@@ -21,9 +21,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlfleet.ports import free_ports
+from rlfleet.services.weight_sync.transports.errors import GroupLost
+from rlfleet.services.weight_sync.transports.sharded import ShardedState
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.transports.errors import GroupLost
-from services.weight_sync.transports.sharded import ShardedState
 from tests.support.tiny_model import make_tiny_model
 
 
@@ -60,17 +60,17 @@ def _worker(rank: int, world: int, port: int, model_dir: str, run_dir: str, out:
 
     from rlfleet.metrics import WeightSyncMetrics
     from rlfleet.rpc import Server
+    from rlfleet.services.trainer.algorithms import resolve
+    from rlfleet.services.trainer.backends.fsdp import FsdpBackend
+    from rlfleet.services.trainer.batch import rank_groups
+    from rlfleet.services.trainer.clients import WeightSyncClient
+    from rlfleet.services.trainer.collectives import all_reduce_sum, broadcast_bytes
+    from rlfleet.services.trainer.publisher import WeightPublisher, follow_publish
+    from rlfleet.services.trainer.step import StepContext
+    from rlfleet.services.weight_sync.board import VersionBoard
+    from rlfleet.services.weight_sync.servicer import WeightSyncServicer
+    from rlfleet.services.weight_sync.transports.bucketed import fetch
     from rlfleet.v1 import buffer_pb2, weight_sync_pb2_grpc
-    from services.trainer.algorithms import resolve
-    from services.trainer.backends.fsdp import FsdpBackend
-    from services.trainer.batch import rank_groups
-    from services.trainer.clients import WeightSyncClient
-    from services.trainer.collectives import all_reduce_sum, broadcast_bytes
-    from services.trainer.publisher import WeightPublisher, follow_publish
-    from services.trainer.step import StepContext
-    from services.weight_sync.board import VersionBoard
-    from services.weight_sync.servicer import WeightSyncServicer
-    from services.weight_sync.transports.bucketed import fetch
     from tests.unit.test_trainer_fsdp import _config, batch_for
 
     torch.set_num_threads(1)
@@ -182,12 +182,12 @@ def test_a_whole_state_dict_is_staged_again_locally(tmp_path: Path) -> None:
 
     from rlfleet.metrics import WeightSyncMetrics
     from rlfleet.rpc import Server
+    from rlfleet.services.trainer.clients import WeightSyncClient
+    from rlfleet.services.trainer.publisher import WeightPublisher
+    from rlfleet.services.weight_sync.board import VersionBoard
+    from rlfleet.services.weight_sync.servicer import WeightSyncServicer
+    from rlfleet.services.weight_sync.transports.bucketed import fetch
     from rlfleet.v1 import weight_sync_pb2_grpc
-    from services.trainer.clients import WeightSyncClient
-    from services.trainer.publisher import WeightPublisher
-    from services.weight_sync.board import VersionBoard
-    from services.weight_sync.servicer import WeightSyncServicer
-    from services.weight_sync.transports.bucketed import fetch
     from tests.unit.test_trainer_fsdp import _config
 
     board = VersionBoard()

@@ -1,5 +1,6 @@
 """A poison sample the buffer's Put accepts but the trainer cannot train on (longer than trainer.max_seq_len) is
-quarantined, not crash-looped: `python -m services.trainer` against a real Buffer server (embedded store) rejects
+quarantined, not crash-looped: `python -m rlfleet.services.trainer` against a real Buffer server (embedded store)
+rejects
 the group (Buffer.Reject), trains every step on other groups, and a restarted buffer never delivers it again."""
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from rlfleet.ports import free_ports
 from rlfleet.rpc import Server
 from rlfleet.sample import Sample
 from rlfleet.sample_limits import model_limits
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.server import start_server
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from rlfleet.v1 import buffer_pb2, sample_pb2, weight_sync_pb2_grpc
-from services.buffer.core import BufferCore
-from services.buffer.server import start_server
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
 from tests.integration.test_trainer_service import TOKEN, FakeWeightSync
 from tests.support.tiny_model import make_tiny_model
 
@@ -81,7 +82,8 @@ def test_trainer_quarantines_an_unusable_group_and_trains_on(tmp_path: Path) -> 
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("RLFLEET_TOKEN", None)
     try:
-        proc = subprocess.run([sys.executable, "-m", "services.trainer", "--config", str(path)], cwd=ROOT, env=env,
+        proc = subprocess.run([sys.executable, "-m", "rlfleet.services.trainer", "--config", str(path)], cwd=ROOT,
+                              env=env,
                               capture_output=True, text=True, timeout=240)
         stats = core.stats()
     finally:

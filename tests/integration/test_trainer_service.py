@@ -1,4 +1,4 @@
-"""`python -m services.trainer` against in-test Buffer, WeightSync and Rollout gRPC servers on loopback:
+"""`python -m rlfleet.services.trainer` against in-test Buffer, WeightSync and Rollout gRPC servers on loopback:
 acks follow checkpoints, publishes carry the trainer's exact weights, eval runs before and after, a resumed trainer
 continues from its checkpoint, and a failing peer ends the run with a clear error."""
 
@@ -22,6 +22,8 @@ from rlfleet.ports import free_ports
 from rlfleet.protocols import Prompt
 from rlfleet.rpc import Server
 from rlfleet.sample import Sample
+from rlfleet.services.weight_sync.transports.bucketed import fetch
+from rlfleet.services.weight_sync.transports.manifest import digest_of, manifest_digest, manifest_pairs
 from rlfleet.tied import tied_aliases
 from rlfleet.v1 import (
     buffer_pb2,
@@ -32,8 +34,6 @@ from rlfleet.v1 import (
     weight_sync_pb2_grpc,
     weights_pb2,
 )
-from services.weight_sync.transports.bucketed import fetch
-from services.weight_sync.transports.manifest import digest_of, manifest_digest, manifest_pairs
 from tests.support.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +204,7 @@ def _env(rank: int, world: int, **extra: str) -> dict[str, str]:
 def _run_trainer(tmp_path: Path, peers: Peers, model_dir: Path, name: str,
                  **trainer: Any) -> subprocess.CompletedProcess:
     path = _write_config(tmp_path, peers, model_dir, name, **trainer)
-    return subprocess.run([sys.executable, "-m", "services.trainer", "--config", str(path)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "rlfleet.services.trainer", "--config", str(path)], cwd=ROOT,
                           env=_env(0, 1), capture_output=True, text=True, timeout=240)
 
 
@@ -294,7 +294,7 @@ def test_two_rank_trainer_runs_hooks_and_stops_every_rank_when_rank0_fails(tmp_p
     path = _write_config(tmp_path, peers, model_dir, "two", steps=4, world_size=2, checkpoint_every=1,
                          hooks=["tests.integration.test_trainer_service:RecordingHook"],
                          endpoints={"rendezvous": f"127.0.0.1:{free_ports(1)[0]}"})
-    procs = [subprocess.Popen([sys.executable, "-m", "services.trainer", "--config", str(path)], cwd=ROOT,
+    procs = [subprocess.Popen([sys.executable, "-m", "rlfleet.services.trainer", "--config", str(path)], cwd=ROOT,
                               env=_env(rank, 2, TRAINER_HOOK_LOG=str(hook_log)), stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
     try:

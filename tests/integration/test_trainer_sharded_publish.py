@@ -54,14 +54,14 @@ def make_untied_model(path: Path) -> Path:
 
 
 def _worker(rank: int, world: int, port: int, models: dict[str, str], run_dir: str, out: str) -> None:
+    from rlfleet.services.trainer.algorithms import resolve
+    from rlfleet.services.trainer.backends.fsdp import FsdpBackend
+    from rlfleet.services.trainer.batch import rank_groups
+    from rlfleet.services.trainer.collectives import broadcast_bytes
+    from rlfleet.services.trainer.step import StepContext
+    from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors
     from rlfleet.tied import tied_aliases
     from rlfleet.v1 import buffer_pb2
-    from services.trainer.algorithms import resolve
-    from services.trainer.backends.fsdp import FsdpBackend
-    from services.trainer.batch import rank_groups
-    from services.trainer.collectives import broadcast_bytes
-    from services.trainer.step import StepContext
-    from services.weight_sync.transports.bucketed.sender import stage_tensors
     from tests.unit.test_trainer_fsdp import batch_for
 
     torch.set_num_threads(1)

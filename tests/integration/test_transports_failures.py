@@ -15,16 +15,16 @@ import pytest
 import torch
 
 from rlfleet.rpc import Server, channel
+from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.weight_updates import WeightUpdater
+from rlfleet.services.weight_sync.board import VersionBoard
+from rlfleet.services.weight_sync.servicer import WeightSyncServicer
+from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors
+from rlfleet.services.weight_sync.transports.contract import Sender
+from rlfleet.services.weight_sync.transports.manifest import digest_of
+from rlfleet.services.weight_sync.transports.nixl.agent import available as nixl_missing
+from rlfleet.services.weight_sync.transports.peers import PeerDirectory
 from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
-from services.rollout.engines.base import Engine
-from services.rollout.weight_updates import WeightUpdater
-from services.weight_sync.board import VersionBoard
-from services.weight_sync.servicer import WeightSyncServicer
-from services.weight_sync.transports.bucketed.sender import stage_tensors
-from services.weight_sync.transports.contract import Sender
-from services.weight_sync.transports.manifest import digest_of
-from services.weight_sync.transports.nixl.agent import available as nixl_missing
-from services.weight_sync.transports.peers import PeerDirectory
 from tests.support.requires import requires
 
 torch.set_num_threads(1)
@@ -91,18 +91,18 @@ def _dying(named: list[tuple[str, torch.Tensor]], after: int) -> Iterator[tuple[
 
 
 def _dying_trainer(kind: str, address: str) -> None:
-    from services.weight_sync.transports.bucketed.sender import BucketedSender
+    from rlfleet.services.weight_sync.transports.bucketed.sender import BucketedSender
 
     torch.set_num_threads(1)
     directory = PeerDirectory(channel(address, None))
     named = tensors(1)
     sender: Sender
     if kind == "broadcast":
-        from services.weight_sync.transports.broadcast.sender import BroadcastSender
+        from rlfleet.services.weight_sync.transports.broadcast.sender import BroadcastSender
 
         sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), directory.register, 1, join_seconds=120)
     else:
-        from services.weight_sync.transports.nixl.sender import NixlSender
+        from rlfleet.services.weight_sync.transports.nixl.sender import NixlSender
 
         sender = NixlSender(directory.peers, BUCKET, expected_replicas=1, wait_seconds=120)
     sender.stage(1, 1, _dying(named, after=2))
@@ -124,7 +124,7 @@ def _assert_kept_previous(updater: WeightUpdater, engine: DictEngine, before: di
 
 @pytest.mark.timeout(300)
 def test_truncated_broadcast_stream_keeps_previous_version() -> None:
-    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+    from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
     plane = ControlPlane()
     try:
@@ -145,7 +145,7 @@ def test_truncated_broadcast_stream_keeps_previous_version() -> None:
 @pytest.mark.timeout(300)
 @requires(f"nixl does not import: {NIXL_MISSING} (pip install nixl)" if NIXL_MISSING else None)
 def test_nixl_peer_dying_mid_transfer_keeps_previous_version() -> None:
-    from services.weight_sync.transports.nixl.receiver import NixlReceiver
+    from rlfleet.services.weight_sync.transports.nixl.receiver import NixlReceiver
 
     plane = ControlPlane()
     try:
@@ -166,9 +166,9 @@ def test_nixl_peer_dying_mid_transfer_keeps_previous_version() -> None:
 
 @pytest.mark.parametrize("encoding", ["xor", "overwrite"])
 def test_corrupted_delta_file_keeps_previous_version(tmp_path: Path, encoding: str) -> None:
-    from services.weight_sync.transports.disk_delta.files import DATA, version_dir
-    from services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
-    from services.weight_sync.transports.disk_delta.sender import DeltaSender
+    from rlfleet.services.weight_sync.transports.disk_delta.files import DATA, version_dir
+    from rlfleet.services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
+    from rlfleet.services.weight_sync.transports.disk_delta.sender import DeltaSender
 
     sender = DeltaSender(tmp_path / "d", encoding)
     v1 = sender.stage(1, 1, tensors(0))
@@ -198,9 +198,9 @@ def test_corrupted_delta_file_keeps_previous_version(tmp_path: Path, encoding: s
 def test_broadcast_replica_outside_the_group_uses_the_grpc_stream() -> None:
     """A replica that was not there when the group formed fetches the same bytes over gRPC, waits in the next
     generation, and the next version reaches it through the group."""
-    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
-    from services.weight_sync.transports.broadcast.sender import BroadcastSender
-    from services.weight_sync.transports.bucketed.sender import BucketedSender
+    from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+    from rlfleet.services.weight_sync.transports.broadcast.sender import BroadcastSender
+    from rlfleet.services.weight_sync.transports.bucketed.sender import BucketedSender
 
     plane = ControlPlane()
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 1,

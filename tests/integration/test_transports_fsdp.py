@@ -17,13 +17,13 @@ from safetensors.torch import load_file, save_file
 
 from rlfleet.ports import free_ports
 from rlfleet.rpc import Server, channel
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.weight_updates import TransportReceivers, WeightUpdater, staging_capacity, subscribe_loop
+from rlfleet.services.weight_sync.board import VersionBoard
+from rlfleet.services.weight_sync.servicer import WeightSyncServicer
+from rlfleet.services.weight_sync.transports.contract import Sender
+from rlfleet.services.weight_sync.transports.nixl.agent import available as nixl_missing
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.weight_updates import TransportReceivers, WeightUpdater, staging_capacity, subscribe_loop
-from services.weight_sync.board import VersionBoard
-from services.weight_sync.servicer import WeightSyncServicer
-from services.weight_sync.transports.contract import Sender
-from services.weight_sync.transports.nixl.agent import available as nixl_missing
 from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
 
@@ -36,14 +36,14 @@ TRANSPORTS = ("broadcast", "disk_delta") + (() if NIXL_MISSING else ("nixl",))
 
 def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes: dict[str, str]) -> None:
     from rlfleet.rpc import channel as open_channel
-    from services.trainer.algorithms import resolve
-    from services.trainer.backends.fsdp import FsdpBackend, init_distributed
-    from services.trainer.batch import rank_groups
-    from services.trainer.collectives import broadcast_bytes
-    from services.trainer.step import StepContext
-    from services.weight_sync.transports.bucketed.sender import BucketedSender
-    from services.weight_sync.transports.peers import PeerDirectory
-    from services.weight_sync.transports.sharded import ShardedState
+    from rlfleet.services.trainer.algorithms import resolve
+    from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
+    from rlfleet.services.trainer.batch import rank_groups
+    from rlfleet.services.trainer.collectives import broadcast_bytes
+    from rlfleet.services.trainer.step import StepContext
+    from rlfleet.services.weight_sync.transports.bucketed.sender import BucketedSender
+    from rlfleet.services.weight_sync.transports.peers import PeerDirectory
+    from rlfleet.services.weight_sync.transports.sharded import ShardedState
     from tests.unit.test_trainer_fsdp import _config, batch_for
 
     torch.set_num_threads(1)
@@ -59,13 +59,13 @@ def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes:
         ctx = StepContext(advantage_fn, loss_fn, (), temperature=0.9, minibatches=2, grad_clip=0.5, world_size=world,
                           device=device, pad_id=backend.pad_id)
         if "nixl" in planes:
-            from services.weight_sync.transports.nixl.sender import NixlSender
+            from rlfleet.services.weight_sync.transports.nixl.sender import NixlSender
 
             senders["nixl"] = NixlSender(PeerDirectory(chans["nixl"]).peers, BUCKET, rank, world,
                                          expected_replicas=1, wait_seconds=60)
         if rank == 0:
-            from services.weight_sync.transports.broadcast.sender import BroadcastSender
-            from services.weight_sync.transports.disk_delta.sender import DeltaSender
+            from rlfleet.services.weight_sync.transports.broadcast.sender import BroadcastSender
+            from rlfleet.services.weight_sync.transports.disk_delta.sender import DeltaSender
 
             senders["broadcast"] = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET),
                                                    PeerDirectory(chans["broadcast"]).register, 1, join_seconds=60)
@@ -188,7 +188,7 @@ def _check(transport: str, run: tuple[Path, dict[str, Replica]]) -> None:
 
 def test_broadcast_replica_bit_identical_after_three_updates(run: tuple[Path, dict[str, Replica]]) -> None:
     _check("broadcast", run)
-    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+    from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
 
     receiver = run[1]["broadcast"].receivers.receivers["broadcast"]
     assert isinstance(receiver, BroadcastReceiver)

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from rlfleet.rpc import Server, channel
+from rlfleet.services.weight_sync.transports import get_receiver
+from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, WeightTransferError, fetch
+from rlfleet.services.weight_sync.transports.bucketed.receiver import receive
+from rlfleet.services.weight_sync.transports.layout import layout_of
+from rlfleet.services.weight_sync.transports.manifest import manifest_digest, manifest_pairs, tensor_bytes
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
-from services.weight_sync.transports import get_receiver
-from services.weight_sync.transports.bucketed import BucketedSender, WeightTransferError, fetch
-from services.weight_sync.transports.bucketed.receiver import receive
-from services.weight_sync.transports.layout import layout_of
-from services.weight_sync.transports.manifest import manifest_digest, manifest_pairs, tensor_bytes
 
 torch.set_num_threads(1)
 TOKEN = "test-run-token"

@@ -17,10 +17,10 @@ import torch
 import yaml
 
 from rlfleet.rpc import channel, wait_healthy
+from rlfleet.services.weight_sync.transports import get_receiver
+from rlfleet.services.weight_sync.transports.bucketed import BucketedSender
+from rlfleet.services.weight_sync.transports.manifest import digest_of
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
-from services.weight_sync.transports import get_receiver
-from services.weight_sync.transports.bucketed import BucketedSender
-from services.weight_sync.transports.manifest import digest_of
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def service(tmp_path: Path):  # noqa: ANN201
     env = {k: v for k, v in os.environ.items() if k != "RLFLEET_TOKEN"}
     config = write_config(tmp_path, address)
     with (tmp_path / "stderr.log").open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "services.weight_sync", "--config", str(config),
+        proc = subprocess.Popen([sys.executable, "-m", "rlfleet.services.weight_sync", "--config", str(config),
                                  "--metrics-port", str(metrics_port)], cwd=ROOT, env=env, stderr=stderr)
     try:
         wait_healthy(address, timeout=60)

@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 
 from rlfleet.metrics import WeightSyncMetrics
 from rlfleet.rpc import Server, channel
+from rlfleet.services.weight_sync.board import VersionBoard
+from rlfleet.services.weight_sync.servicer import WeightSyncServicer
+from rlfleet.services.weight_sync.transports.manifest import manifest_digest
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
-from services.weight_sync.board import VersionBoard
-from services.weight_sync.servicer import WeightSyncServicer
-from services.weight_sync.transports.manifest import manifest_digest
 
 TOKEN = "control-token"
 

@@ -14,11 +14,11 @@ import pytest
 
 from rlfleet.rpc import Server, channel
 from rlfleet.sample_limits import SampleLimits
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.server import start_server
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
-from services.buffer.core import BufferCore
-from services.buffer.server import start_server
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
 from tests.security.pki_fixtures import RunPki, make_pki
 
 VOCAB, EXPERTS = 100, 8

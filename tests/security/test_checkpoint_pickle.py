@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.ports import free_ports
-from services.trainer import checkpoint
+from rlfleet.services.trainer import checkpoint
 
 
 class _Payload:
@@ -116,7 +116,7 @@ def test_planted_non_tensor_item_is_loaded_weights_only(tmp_path: Path, group: N
 
 def test_resume_takes_only_checkpoints_the_trainer_sealed(tmp_path: Path, group: None) -> None:
     from rlfleet.security.signing import Signer, Verifier, generate_signing_key
-    from services.trainer.checkpoint_seal import latest_sealed, seal
+    from rlfleet.services.trainer.checkpoint_seal import latest_sealed, seal
 
     generate_signing_key(tmp_path / "k", tmp_path / "k.pub")
     signer, verifier = Signer.from_file(tmp_path / "k"), Verifier.from_file(tmp_path / "k.pub")

@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = [p for d in ("services", "rlfleet") for p in (ROOT / d).rglob("*.py") if "rlfleet/v1" not in p.as_posix()]
+SCANNED = [p for p in (ROOT / "rlfleet").rglob("*.py") if "rlfleet/v1" not in p.as_posix()]
 
 
 def _dotted(node: ast.AST) -> str:

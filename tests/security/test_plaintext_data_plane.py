@@ -13,11 +13,11 @@ import torch
 
 from rlfleet.config import Config, ConfigError, parse_config
 from rlfleet.security.signing import Signer, Verifier, generate_signing_key
-from services.rollout.engines.base import Engine
-from services.rollout.weight_updates import WeightUpdater
-from services.trainer.publisher import plaintext_data_token
-from services.weight_sync.transports.bucketed import BucketedSender, fetch
-from services.weight_sync.transports.errors import WeightTransferError
+from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.weight_updates import WeightUpdater
+from rlfleet.services.trainer.publisher import plaintext_data_token
+from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, fetch
+from rlfleet.services.weight_sync.transports.errors import WeightTransferError
 from tests.security.pki_fixtures import make_pki
 from tests.security.test_signed_weights import DictEngine, _signed, forged_of, tensors
 

@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from rlfleet.rpc import Server, channel, wait_healthy
 from rlfleet.sample_limits import SampleLimits
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.server import start_server
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from rlfleet.v1 import buffer_pb2, weight_sync_pb2, weight_sync_pb2_grpc
-from services.buffer.core import BufferCore
-from services.buffer.server import start_server
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
 from tests.security.pki_fixtures import make_pki
 
 EXAMPLES = int(os.environ.get("RLFLEET_FUZZ_EXAMPLES", "15"))
@@ -92,8 +92,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from prometheus_client import CollectorRegistry
 
     from rlfleet.metrics import WeightSyncMetrics
-    from services.weight_sync.board import VersionBoard
-    from services.weight_sync.servicer import WeightSyncServicer
+    from rlfleet.services.weight_sync.board import VersionBoard
+    from rlfleet.services.weight_sync.servicer import WeightSyncServicer
 
     pki = make_pki()
     tmp: Path = tmp_path_factory.mktemp("fuzz")

@@ -15,13 +15,13 @@ import xxhash
 
 from rlfleet.rpc import Server, channel
 from rlfleet.security.signing import HashingTee, SignatureError, Signer, Verifier, sign_manifest, verify_weights
+from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.weight_updates import WeightUpdater
+from rlfleet.services.weight_sync.board import VersionBoard
+from rlfleet.services.weight_sync.servicer import WeightSyncServicer
+from rlfleet.services.weight_sync.transports.nixl.agent import available as nixl_missing
+from rlfleet.services.weight_sync.transports.peers import PeerDirectory
 from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
-from services.rollout.engines.base import Engine
-from services.rollout.weight_updates import WeightUpdater
-from services.weight_sync.board import VersionBoard
-from services.weight_sync.servicer import WeightSyncServicer
-from services.weight_sync.transports.nixl.agent import available as nixl_missing
-from services.weight_sync.transports.peers import PeerDirectory
 
 torch.set_num_threads(1)
 BUCKET = 1024
@@ -85,7 +85,7 @@ class Plane:
 
 @contextmanager
 def bucketed(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
-    from services.weight_sync.transports.bucketed import BucketedSender, fetch
+    from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, fetch
 
     sender = BucketedSender("127.0.0.1:0", None, BUCKET)
     try:
@@ -96,8 +96,8 @@ def bucketed(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
 
 @contextmanager
 def disk_delta(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
-    from services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
-    from services.weight_sync.transports.disk_delta.sender import DeltaSender
+    from rlfleet.services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
+    from rlfleet.services.weight_sync.transports.disk_delta.sender import DeltaSender
 
     sender = DeltaSender(tmp / "delta", "xor")
     yield sender.stage, DeltaReceiver(lambda: (engine.weight_version, dict(engine.named_weights()))).fetch
@@ -106,9 +106,9 @@ def disk_delta(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]
 @contextmanager
 def broadcast(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
     """The broadcast receiver over its gRPC stream (a replica outside the trainer's group)."""
-    from services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
-    from services.weight_sync.transports.broadcast.sender import BroadcastSender
-    from services.weight_sync.transports.bucketed.sender import BucketedSender
+    from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
+    from rlfleet.services.weight_sync.transports.broadcast.sender import BroadcastSender
+    from rlfleet.services.weight_sync.transports.bucketed.sender import BucketedSender
 
     plane = Plane()
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 1,
@@ -123,9 +123,9 @@ def broadcast(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]
 
 @contextmanager
 def nixl(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]:
-    from services.weight_sync.transports.bucketed.sender import stage_tensors
-    from services.weight_sync.transports.nixl.receiver import NixlReceiver
-    from services.weight_sync.transports.nixl.sender import NixlSender
+    from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors
+    from rlfleet.services.weight_sync.transports.nixl.receiver import NixlReceiver
+    from rlfleet.services.weight_sync.transports.nixl.sender import NixlSender
 
     plane = Plane()
     capacity = stage_tensors(1, 1, tensors(1), BUCKET, "x:0").layout.total_bytes
@@ -201,7 +201,7 @@ def test_forged_and_unsigned_versions_are_refused(transport: str, tmp_path: Path
 
 def test_a_signature_by_another_key_or_over_other_tensors_does_not_verify(keys: tuple[Signer, Verifier],
                                                                          tmp_path: Path) -> None:
-    from services.weight_sync.transports.bucketed.sender import stage_tensors
+    from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors
 
     signer, verifier = keys
     named = tensors(3)
@@ -229,7 +229,7 @@ def test_the_bucketed_receiver_hashes_a_signed_version_as_it_arrives(keys: tuple
     """A signed version comes back with the BLAKE3 of every tensor computed from the received bytes (tensors that
     span buckets, an empty one), equal to hashing them afterwards; verify_weights uses those digests."""
     from rlfleet.security.signing import HashedTensors, tensor_blake3
-    from services.weight_sync.transports.bucketed import BucketedSender, fetch
+    from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, fetch
 
     signer, verifier = keys
     named = [*tensors(3), ("empty.weight", torch.empty(0, 4)), ("big.weight", torch.randn(3000))]   # 12 KB: 12 buckets

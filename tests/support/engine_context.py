@@ -10,7 +10,7 @@ from typing import Any
 
 from rlfleet.protocols import Generation, Prompt, SamplingParams
 from rlfleet.sample import Sample
-from services.rollout.engines.base import Engine
+from rlfleet.services.rollout.engines.base import Engine
 
 
 class EngineContext:

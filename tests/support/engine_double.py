@@ -13,7 +13,7 @@ from concurrent.futures import Future
 import torch
 
 from rlfleet.protocols import Generation, SamplingParams
-from services.rollout.engines.base import EngineStats
+from rlfleet.services.rollout.engines.base import EngineStats
 
 
 class EngineDouble:

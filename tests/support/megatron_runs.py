@@ -16,13 +16,13 @@ from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
 from rlfleet.sample import Sample
+from rlfleet.services.trainer import checkpoint
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.backends.fsdp import init_distributed
+from rlfleet.services.trainer.batch import rank_groups
+from rlfleet.services.trainer.collectives import broadcast_bytes
+from rlfleet.services.trainer.step import StepContext
 from rlfleet.v1 import buffer_pb2
-from services.trainer import checkpoint
-from services.trainer.algorithms import resolve
-from services.trainer.backends.fsdp import init_distributed
-from services.trainer.batch import rank_groups
-from services.trainer.collectives import broadcast_bytes
-from services.trainer.step import StepContext
 
 GROUPS = 4
 MINIBATCHES = 2
@@ -60,9 +60,9 @@ def batch_for(step: int, vocab: int) -> buffer_pb2.Batch:
 def _make_backend(cfg: Config, rank: int, world: int) -> Any:
     device = torch.device("cpu")
     if cfg.trainer.backend == "megatron":
-        from services.trainer.backends.megatron.backend import MegatronBackend
+        from rlfleet.services.trainer.backends.megatron.backend import MegatronBackend
         return MegatronBackend(cfg, rank, world, device)
-    from services.trainer.backends.fsdp import FsdpBackend
+    from rlfleet.services.trainer.backends.fsdp import FsdpBackend
     return FsdpBackend(cfg, rank, world, device)
 
 

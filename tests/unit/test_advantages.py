@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlfleet.protocols import TrainBatch
-from services.trainer.advantages import GRPO_EPS, group_normalized_rewards, grpo
+from rlfleet.services.trainer.advantages import GRPO_EPS, group_normalized_rewards, grpo
 
 
 def _batch(rewards: list[float], groups: list[int], mask: list[list[float]]) -> TrainBatch:

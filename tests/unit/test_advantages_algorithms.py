@@ -10,7 +10,7 @@ import torch
 
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import TrainBatch
-from services.trainer.advantages import (
+from rlfleet.services.trainer.advantages import (
     RETURNS,
     Gae,
     distill,
@@ -22,7 +22,7 @@ from services.trainer.advantages import (
     reinforce_pp_baseline,
     sft,
 )
-from services.trainer.algorithms import PRESETS, resolve
+from rlfleet.services.trainer.algorithms import PRESETS, resolve
 
 # rows: group 0 = rows 0-2, group 1 = rows 3-4 (all-equal rewards), group 2 = row 5 (empty response)
 REWARDS = [1.0, 0.0, 3.0, 2.0, 2.0, 5.0]

@@ -12,9 +12,9 @@ import torch
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
-from services.trainer.advantages import ALL_REDUCE_SUM, RETURNS, Gae, Grpo, ReinforcePP, gae_advantages, rloo
-from services.trainer.algorithms import resolve
-from services.trainer.batch import build_train_batch
+from rlfleet.services.trainer.advantages import ALL_REDUCE_SUM, RETURNS, Gae, Grpo, ReinforcePP, gae_advantages, rloo
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.batch import build_train_batch
 
 # group 0: 1, 0, 0, 1; group 1: all equal; group 2: one sample; group 3: 3, 1 and an empty response (reward 2)
 REWARDS = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 7.0, 3.0, 1.0, 2.0]

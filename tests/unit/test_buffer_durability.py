@@ -15,12 +15,12 @@ import pytest
 
 from rlfleet.cli import main as rlfleet_main
 from rlfleet.config import BufferConfig, load_config
-from services.buffer.core import BufferCore
-from services.buffer.server import build_core
-from services.buffer.settings import BufferSettings
-from services.buffer.state import State
-from services.buffer.stores import StoreError
-from services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.server import build_core
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.state import State
+from rlfleet.services.buffer.stores import StoreError
+from rlfleet.services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
 from tests.integration.test_buffer_contract import make_sample
 from tests.integration.test_buffer_service import write_config
 from tests.support.redis_server import free_port

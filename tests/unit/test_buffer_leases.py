@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.buffer.core import BufferCore
-from services.buffer.settings import BufferSettings
-from services.buffer.stores.embedded import EmbeddedStore
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from tests.integration.test_buffer_contract import make_sample
 
 

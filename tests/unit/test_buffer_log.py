@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from services.buffer.filters import dynamic_sampling, load_filters
-from services.buffer.mutations import AckSteps, Add, Close, Counters, Deliver, Issue, Mutation, decode, encode
-from services.buffer.state import State
-from services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
-from services.buffer.stores.logfile import read_records
+from rlfleet.services.buffer.filters import dynamic_sampling, load_filters
+from rlfleet.services.buffer.mutations import AckSteps, Add, Close, Counters, Deliver, Issue, Mutation, decode, encode
+from rlfleet.services.buffer.state import State
+from rlfleet.services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
+from rlfleet.services.buffer.stores.logfile import read_records
 
 
 def fill(store: EmbeddedStore, groups: int) -> State:
@@ -134,7 +134,7 @@ def test_one_writer_per_log(tmp_path: Path) -> None:
 
 
 def test_cancelled_groups_survive_replay_and_compaction(tmp_path: Path) -> None:
-    from services.buffer.mutations import Cancel, Discard, Forget, Stale
+    from rlfleet.services.buffer.mutations import Cancel, Discard, Forget, Stale
 
     for m in (Issue("g1", 1, 4, 12.5, "r", 3), Cancel("g1", 99.0, (0, 2), (5, 6)), Discard("g1", (1,)),
               Forget(("g1",)), Stale(("g2",), (4,), (1, 2), 2, "aborted"), Counters(1, 2, 3, 4, 5, 6, 7, {}, 9)):

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.internal.encoder import _VarintBytes
 
+from rlfleet.services.buffer.mutations import Add, Close, Counters, Issue, Mutation, encode
+from rlfleet.services.buffer.stores.embedded import _body, _body_parts
+from rlfleet.services.buffer.stores.logfile import AppendLog, frame, frame_parts, read_records
+from rlfleet.services.buffer.wire import encode_batch, varint
 from rlfleet.v1 import buffer_pb2, sample_pb2
-from services.buffer.mutations import Add, Close, Counters, Issue, Mutation, encode
-from services.buffer.stores.embedded import _body, _body_parts
-from services.buffer.stores.logfile import AppendLog, frame, frame_parts, read_records
-from services.buffer.wire import encode_batch, varint
 
 
 def sample(index: int, tokens: int) -> bytes:

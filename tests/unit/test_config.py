@@ -58,8 +58,8 @@ def test_grpo_needs_groups() -> None:
 
 
 def test_buffer_over_sample() -> None:
-    from services.buffer.gate import Gate
-    from services.buffer.settings import BufferSettings
+    from rlfleet.services.buffer.gate import Gate
+    from rlfleet.services.buffer.settings import BufferSettings
 
     assert load_config(EXAMPLE).buffer.over_sample == 1.0
     cfg = load_config(EXAMPLE, {"buffer.over_sample": 1.5, "trainer.groups_per_step": 3})

@@ -15,10 +15,10 @@ from rlfleet.cli import main
 from rlfleet.config import parse_config
 from rlfleet.ports import free_ports
 from rlfleet.sample import Sample
-from services.trainer import checkpoint
-from services.trainer.algorithms import resolve
-from services.trainer.backends.fsdp import FsdpBackend, init_distributed
-from services.trainer.step import StepContext
+from rlfleet.services.trainer import checkpoint
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
+from rlfleet.services.trainer.step import StepContext
 from tests.support.tiny_model import make_tiny_model
 
 IDS = [[1, 5, 14, 5, 15, 6, 2], [1, 7, 14, 8, 15, 3, 4]]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import cast
 
+from rlfleet.services.trainer import evaluation
+from rlfleet.services.trainer.clients import PATIENCE, RolloutClient
 from rlfleet.v1 import rollout_pb2
-from services.trainer import evaluation
-from services.trainer.clients import PATIENCE, RolloutClient
 
 
 class _Client:

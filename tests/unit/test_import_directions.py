@@ -1,10 +1,11 @@
 """The allowed import directions, read from the source with ast (every import, module level or inside a function):
-- the SDK (rlfleet/) imports no service: services depend on the SDK, never the reverse;
+- one import root: everything installed is the `rlfleet` package; its services are `rlfleet.services.<name>`;
+- the SDK (rlfleet/ outside rlfleet/services/) imports no service: services depend on the SDK, never the reverse;
 - a service imports another service only through the declared exception, the weight transport library
-  (services/weight_sync/transports/, which trainer and rollout run in-process), and that library imports nothing
+  (rlfleet/services/weight_sync/transports/, which trainer and rollout run in-process), and that library imports nothing
   of the weight_sync service around it;
-- nothing installed (rlfleet/, services/) imports examples/ (they are user code, found by config dotted paths);
-- the module graph of rlfleet/, services/ and examples/ has no cycle."""
+- nothing installed (rlfleet/) imports examples/ (they are user code, found by config dotted paths);
+- the module graph of rlfleet/ and examples/ has no cycle."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rlfleet", "services", "examples")
-LIBRARY = "services.weight_sync.transports"
+PACKAGES = ("rlfleet", "examples")
+SERVICES = "rlfleet.services."
+LIBRARY = "rlfleet.services.weight_sync.transports"
 
 
 def _module_name(path: Path) -> str:
@@ -54,12 +56,17 @@ GRAPH = {name: sorted(set(_imports(path))) for name, path in MODULES.items()}
 
 
 def _service(module: str) -> str:
-    return module.split(".")[1] if module.startswith("services.") and module.count(".") else ""
+    return module.split(".")[2] if module.startswith(SERVICES) else ""
+
+
+def _sdk(module: str) -> bool:
+    """The SDK: every module of rlfleet/ but its services (and rlfleet.services, the folder that holds them)."""
+    return module.startswith("rlfleet") and not module.startswith(SERVICES) and module != "rlfleet.services"
 
 
 def test_the_sdk_imports_no_service_and_nothing_installed_imports_examples() -> None:
     bad = [(m, t) for m, ts in GRAPH.items() for t in ts
-           if (m.startswith("rlfleet") and t.startswith("services")) or
+           if (_sdk(m) and t.startswith(SERVICES)) or
            (not m.startswith("examples") and t.startswith("examples"))]
     assert bad == []
 
@@ -69,7 +76,7 @@ def test_services_meet_only_through_the_transport_library() -> None:
                 if _service(m) and _service(t) and _service(m) != _service(t) and not t.startswith(LIBRARY)]
     assert crossing == []
     library_into_service = [(m, t) for m, ts in GRAPH.items() for t in ts
-                            if m.startswith(LIBRARY) and t.startswith("services.") and not t.startswith(LIBRARY)]
+                            if m.startswith(LIBRARY) and t.startswith(SERVICES) and not t.startswith(LIBRARY)]
     assert library_into_service == []
     # the exception is used as declared: trainer and rollout both take their data planes from it
     users = {_service(m) for m, ts in GRAPH.items() for t in ts if t.startswith(LIBRARY) and not m.startswith(LIBRARY)}
@@ -116,3 +123,17 @@ def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
 def test_the_module_graph_has_no_cycle() -> None:
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]   # the check itself
     assert _cycles(GRAPH) == []
+
+
+def test_one_import_root_is_installed() -> None:
+    """What `pip install .` installs: the packages setuptools finds with the project's own find settings."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    found = find_packages(str(ROOT), include=find["include"], exclude=find.get("exclude", ()))
+    assert {name.split(".")[0] for name in found} == {"rlfleet"}
+    assert {"rlfleet.services.buffer", "rlfleet.services.trainer", "rlfleet.services.rollout",
+            "rlfleet.services.weight_sync", "rlfleet.services.controller"} <= set(found)
+    assert not (ROOT / "services").exists()

@@ -10,9 +10,9 @@ import torch
 from rlfleet.config import TisConfig, TrainerConfig
 from rlfleet.plugins import PluginError
 from rlfleet.protocols import LossOutput, TrainBatch
-from services.trainer.advantages import grpo
-from services.trainer.algorithms import resolve
-from services.trainer.losses import ClippedPolicyLoss, EntropyTerm, importance_weights
+from rlfleet.services.trainer.advantages import grpo
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.losses import ClippedPolicyLoss, EntropyTerm, importance_weights
 
 
 def _batch(mask: list[list[float]], old: list[list[float]], rollout: list[list[float]]) -> TrainBatch:

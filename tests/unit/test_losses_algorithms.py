@@ -11,8 +11,8 @@ import torch
 
 from rlfleet.config import TisConfig, TrainerConfig
 from rlfleet.protocols import LossFn, LossOutput, TrainBatch
-from services.trainer.algorithms import resolve
-from services.trainer.losses import (
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.losses import (
     ROW_COUNT,
     SEQ_COUNT,
     ClippedPolicyLoss,
@@ -22,7 +22,7 @@ from services.trainer.losses import (
     SftLoss,
     kl_estimate,
 )
-from services.trainer.step import effective_sample_size
+from rlfleet.services.trainer.step import effective_sample_size
 
 LOGP = [[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0], [-1.5, -1.5, -1.5]]
 OLD = [[-1.1, -1.6, -0.5], [-0.2, -3.3, -2.0], [-1.0, -1.0, -1.0]]

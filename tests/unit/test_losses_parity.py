@@ -13,11 +13,11 @@ import torch
 
 from rlfleet.config import KlConfig, TisConfig, TrainerConfig
 from rlfleet.protocols import TrainBatch
-from services.trainer.advantages import TOKEN_REWARDS
-from services.trainer.algorithms import KlInReward, resolve
-from services.trainer.batch import response_logprobs
-from services.trainer.entropy import ENTROPY, ENTROPY_GRAD, entropy_from_logprobs
-from services.trainer.losses import (
+from rlfleet.services.trainer.advantages import TOKEN_REWARDS
+from rlfleet.services.trainer.algorithms import KlInReward, resolve
+from rlfleet.services.trainer.batch import response_logprobs
+from rlfleet.services.trainer.entropy import ENTROPY, ENTROPY_GRAD, entropy_from_logprobs
+from rlfleet.services.trainer.losses import (
     ROW_COUNT,
     SEQ_COUNT,
     ClippedPolicyLoss,

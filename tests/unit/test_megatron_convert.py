@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config
 
-from services.trainer.backends.megatron.convert import (
+from rlfleet.services.trainer.backends.megatron.convert import (
     EMBED,
     LM_HEAD,
     Layout,
@@ -18,7 +18,7 @@ from services.trainer.backends.megatron.convert import (
     tp_dim,
     unshard,
 )
-from services.trainer.backends.megatron.model import ModelShape, model_shape, padded_vocab
+from rlfleet.services.trainer.backends.megatron.model import ModelShape, model_shape, padded_vocab
 
 
 def _qwen2(tied: bool = False) -> ModelShape:

@@ -43,8 +43,8 @@ def megatron_world() -> Iterator[None]:
 def _hf_and_megatron(model_dir: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     from transformers import AutoModelForCausalLM
 
-    from services.trainer.backends.megatron.convert import Layout, hf_to_megatron
-    from services.trainer.backends.megatron.model import build_gpt_model, model_shape, transformer_config
+    from rlfleet.services.trainer.backends.megatron.convert import Layout, hf_to_megatron
+    from rlfleet.services.trainer.backends.megatron.model import build_gpt_model, model_shape, transformer_config
 
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     shape = model_shape(hf.config)
@@ -68,8 +68,8 @@ def test_logits_equal_hf(megatron_world: None, tmp_path: Path, kind: str) -> Non
 
 def test_vocab_parallel_logprobs_equal_trainer_logprobs(megatron_world: None) -> None:
     from rlfleet.sample import Sample
-    from services.trainer.backends.megatron.logprobs import parallel_response_logprobs
-    from services.trainer.batch import build_train_batch, response_logprobs
+    from rlfleet.services.trainer.backends.megatron.logprobs import parallel_response_logprobs
+    from rlfleet.services.trainer.batch import build_train_batch, response_logprobs
 
     samples = [Sample(group_id="g", index=i, group_size=2, prompt_ids=[1, 4, 5][:2 + i], response_ids=[6, 7, 8][i:],
                       rollout_logprobs=[-1.0] * (3 - i), loss_mask=[1] * (3 - i), reward=0.0) for i in range(2)]
@@ -87,7 +87,7 @@ def test_vocab_parallel_logprobs_equal_trainer_logprobs(megatron_world: None) ->
 def test_factory_backend_publishes_the_hf_weights(megatron_world: None, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from services.trainer.backends import make_backend
+    from rlfleet.services.trainer.backends import make_backend
 
     model_dir = make_tiny_qwen2(tmp_path / "m")
     cfg = run_config(tmp_path / "run", model_dir, "megatron", 1)

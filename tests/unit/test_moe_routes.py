@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM
 
 from rlfleet.protocols import Generation, GroupTicket, Prompt, SamplingParams
 from rlfleet.sample import RoutedExperts, Sample
-from services.rollout.engines.moe_routes import RouteRecorder, find_routers
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.rollout_fns import single_turn
+from rlfleet.services.rollout.engines.moe_routes import RouteRecorder, find_routers
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.rollout_fns import single_turn
 from tests.support.tiny_model import make_tiny_model
 from tests.support.tiny_moe import EXPERTS, LAYERS, TOP_K, make_tiny_moe
 

@@ -16,11 +16,11 @@ from rlfleet.batch_invariant import batch_invariant, matmul
 from rlfleet.config import ConfigError, parse_config
 from rlfleet.protocols import SamplingParams, TrainBatch
 from rlfleet.sample import Sample
-from services.rollout.engines.torch_engine import TorchEngine
-from services.trainer.algorithms import resolve
-from services.trainer.backends.fsdp import FsdpBackend, init_distributed
-from services.trainer.batch import build_train_batch, forward_logprobs
-from services.trainer.step import StepContext
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
+from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.step import StepContext
 from tests.support.tiny_model import make_tiny_model
 
 GROUPS, GROUP_SIZE, NEW_TOKENS, STEPS = 2, 4, 6, 3

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlfleet.sample import Sample
-from services.trainer.batch import build_train_batch, forward_logprobs
-from services.trainer.sequence_packing import block_causal_mask, pack, packed_forward_logprobs, plan_rows
+from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.sequence_packing import block_causal_mask, pack, packed_forward_logprobs, plan_rows
 from tests.support.tiny_model import make_tiny_model
 
 

@@ -12,10 +12,10 @@ import grpc
 
 from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext, SamplingParams
 from rlfleet.sample import Sample, Status
+from rlfleet.services.rollout.context import GroupAborted, GroupContext
+from rlfleet.services.rollout.messages import status_of
+from rlfleet.services.rollout.work_loop import WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
-from services.rollout.context import GroupAborted, GroupContext
-from services.rollout.messages import status_of
-from services.rollout.work_loop import WorkLoop, WorkSettings
 from tests.support.engine_double import EngineDouble
 
 

@@ -14,12 +14,12 @@ import torch
 
 from rlfleet.protocols import Generation, GroupTicket, Prompt, SamplingParams
 from rlfleet.sample import Sample, Status
-from services.rollout.engines.base import Engine
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.partial import RetractingEngine
-from services.rollout.rollout_fns import single_turn
-from services.trainer.batch import build_train_batch
-from services.trainer.token_versions import (
+from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.partial import RetractingEngine
+from rlfleet.services.rollout.rollout_fns import single_turn
+from rlfleet.services.trainer.batch import build_train_batch
+from rlfleet.services.trainer.token_versions import (
     TOKEN_VERSIONS,
     token_versions_tensor,
     version_metrics,

@@ -11,13 +11,13 @@ import torch
 from pydantic import BaseModel
 
 from rlfleet.config import Config, TrainerConfig, WeightSyncConfig, parse_config
-from services.rollout.weight_updates import TransportReceivers
-from services.trainer.backends import BACKENDS, backend_spec
-from services.trainer.publisher import WeightPublisher
-from services.weight_sync.transports import bucketed
-from services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
-from services.weight_sync.transports.disk_delta.sender import DeltaSender
-from services.weight_sync.transports.registry import TRANSPORTS, transport
+from rlfleet.services.rollout.weight_updates import TransportReceivers
+from rlfleet.services.trainer.backends import BACKENDS, backend_spec
+from rlfleet.services.trainer.publisher import WeightPublisher
+from rlfleet.services.weight_sync.transports import bucketed
+from rlfleet.services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
+from rlfleet.services.weight_sync.transports.disk_delta.sender import DeltaSender
+from rlfleet.services.weight_sync.transports.registry import TRANSPORTS, transport
 
 
 def _literal(model: type[BaseModel], field: str) -> set[str]:

@@ -14,12 +14,12 @@ import torch.distributed as dist
 from rlfleet.config import parse_config
 from rlfleet.protocols import Generation, SamplingParams, TrainBatch
 from rlfleet.sample import RoutedExperts, Sample
-from services.rollout.engines.torch_engine import TorchEngine
-from services.trainer.algorithms import resolve
-from services.trainer.backends.fsdp import FsdpBackend, init_distributed
-from services.trainer.batch import build_train_batch, forward_logprobs
-from services.trainer.routing_replay import FREE, ROUTES_KEY, RoutingReplay, routes_tensor
-from services.trainer.step import StepContext
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
+from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.routing_replay import FREE, ROUTES_KEY, RoutingReplay, routes_tensor
+from rlfleet.services.trainer.step import StepContext
 from tests.support.tiny_moe import EXPERTS, LAYERS, TOP_K, VOCAB, build_tiny_moe, make_tiny_moe
 
 torch.set_num_threads(1)
@@ -134,7 +134,7 @@ def _with_prompt_routes(routes: torch.Tensor, samples: list[Sample], model_dir: 
     engine's prefill computes; the Sample does not carry these)."""
     from transformers import AutoModelForCausalLM
 
-    from services.rollout.engines.moe_routes import RouteRecorder
+    from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
 
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     recorder = RouteRecorder(hf)

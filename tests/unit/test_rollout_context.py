@@ -13,9 +13,9 @@ from transformers import AutoTokenizer
 from rlfleet.protocols import GroupTicket, Prompt, SamplingParams
 from rlfleet.rewards.scorer import Scorer, batched
 from rlfleet.sample import Sample, Status
-from services.rollout.context import ServiceContext
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.rollout_fns import single_turn
+from rlfleet.services.rollout.context import ServiceContext
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.rollout_fns import single_turn
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)

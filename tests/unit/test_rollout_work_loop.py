@@ -10,8 +10,8 @@ import grpc
 
 from rlfleet.protocols import GroupTicket, Prompt
 from rlfleet.sample import Sample, Status
+from rlfleet.services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
-from services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
 from tests.support.engine_context import EngineContext
 from tests.support.engine_double import EngineDouble
 

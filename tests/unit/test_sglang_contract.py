@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from rlfleet.protocols import SamplingParams
-from services.rollout.engines.base import EngineError
-from services.rollout.engines.sglang.client import SGLangClient, SGLangError
-from services.rollout.engines.sglang.engine import SGLangEngine
-from services.rollout.engines.sglang.protocol import generate_body, parse_generate_response, sampling_body
+from rlfleet.services.rollout.engines.base import EngineError
+from rlfleet.services.rollout.engines.sglang.client import SGLangClient, SGLangError
+from rlfleet.services.rollout.engines.sglang.engine import SGLangEngine
+from rlfleet.services.rollout.engines.sglang.protocol import generate_body, parse_generate_response, sampling_body
 from tests.support.requires import requires
 from tests.support.sglang_stub import INSTALL_HINT, STUB_DIR, make_sglang_tiny_model, sglang_python
 
@@ -178,7 +178,7 @@ def test_refusal_and_unreachable_server_raise_sglang_error() -> None:
 
 def test_config_engine_sglang_uses_the_given_server(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlfleet.config import load_config
-    from services.rollout.engines import make_engine
+    from rlfleet.services.rollout.engines import make_engine
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples/addition/config.yaml",
                       {"rollout.engine": "sglang", "model.path": str(tiny), "rollout.max_batch_size": 3,
@@ -220,7 +220,7 @@ def test_verify_sent_answers_the_last_update_without_reading_back(tiny: Path) ->
 
 
 def test_server_command_carries_tp_and_api_key_from_the_run_config(tiny: Path) -> None:
-    from services.rollout.engines.sglang.server import SGLangServerSpec
+    from rlfleet.services.rollout.engines.sglang.server import SGLangServerSpec
 
     cmd = SGLangServerSpec(model_path=tiny, device="cuda", tp=8, api_key="k123", mem_fraction_static=0.85,
                            max_total_tokens=200000).command(30000)

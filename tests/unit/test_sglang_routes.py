@@ -15,13 +15,19 @@ import pytest
 from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
 from rlfleet.protocols import SamplingParams
-from services.rollout.engines.base import EngineError
-from services.rollout.engines.moe_routes import find_routers
-from services.rollout.engines.sglang.client import SGLangClient
-from services.rollout.engines.sglang.engine import SGLangEngine
-from services.rollout.engines.sglang.protocol import generate_body, parse_generate_response
-from services.rollout.engines.sglang.routes import SERVER_FLAG, MoeShape, decode_routes, moe_shape, routes_request
-from services.rollout.engines.sglang.server import SGLangServerSpec
+from rlfleet.services.rollout.engines.base import EngineError
+from rlfleet.services.rollout.engines.moe_routes import find_routers
+from rlfleet.services.rollout.engines.sglang.client import SGLangClient
+from rlfleet.services.rollout.engines.sglang.engine import SGLangEngine
+from rlfleet.services.rollout.engines.sglang.protocol import generate_body, parse_generate_response
+from rlfleet.services.rollout.engines.sglang.routes import (
+    SERVER_FLAG,
+    MoeShape,
+    decode_routes,
+    moe_shape,
+    routes_request,
+)
+from rlfleet.services.rollout.engines.sglang.server import SGLangServerSpec
 from tests.support.requires import requires
 from tests.support.sglang_stub import INSTALL_HINT, STUB_DIR, make_sglang_tiny_model, sglang_python
 from tests.support.tiny_moe import LAYERS, TOP_K, make_tiny_moe

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from rlfleet.config import parse_config
 from rlfleet.ports import free_ports
-from services.trainer.backends.fsdp import FsdpBackend, init_distributed
-from services.trainer.backends.shard_loading import ShardLoadError, _row_range, load_shards
+from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
+from rlfleet.services.trainer.backends.shard_loading import ShardLoadError, _row_range, load_shards
 from tests.support.tiny_model import make_tiny_model
 
 IDS = [[1, 5, 6, 14, 7, 9, 3], [1, 9, 9, 4, 2, 8, 8]]
@@ -75,7 +75,7 @@ def test_row_ranges_follow_torch_chunk() -> None:
 def test_a_missing_tensor_is_named(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from services.trainer.backends.shard_loading import build_meta_model
+    from rlfleet.services.trainer.backends.shard_loading import build_meta_model
 
     model_dir = make_tiny_model(tmp_path / "model")
     weights = load_file(str(model_dir / "model.safetensors"))

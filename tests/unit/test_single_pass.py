@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import LossOutput, TrainBatch
 from rlfleet.sample import Sample
-from services.trainer.algorithms import resolve
-from services.trainer.step import StepContext, train_step, uses_single_pass
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.step import StepContext, train_step, uses_single_pass
 from tests.support.tiny_model import make_tiny_model
 
 

@@ -12,11 +12,11 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config import parse_config
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.weight_updates import WeightUpdater, default_receivers
+from rlfleet.services.trainer.backends.fsdp import FsdpBackend
+from rlfleet.services.weight_sync.transports.bucketed import BucketedSender
 from rlfleet.tied import TIED_OPTION, decode_aliases, tied_aliases, with_aliases
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.weight_updates import WeightUpdater, default_receivers
-from services.trainer.backends.fsdp import FsdpBackend
-from services.weight_sync.transports.bucketed import BucketedSender
 from tests.support.tiny_model import make_tiny_model
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"

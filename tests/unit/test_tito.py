@@ -15,7 +15,7 @@ import pytest
 
 from rlfleet.protocols import Generation, GroupTicket
 from rlfleet.sample import Sample
-from services.rollout.tito import TitoError, TitoSession
+from rlfleet.services.rollout.tito import TitoError, TitoSession
 from tests.support.requires import missing
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

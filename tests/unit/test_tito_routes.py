@@ -11,9 +11,9 @@ from transformers import PreTrainedTokenizerFast
 
 from rlfleet.protocols import Generation, GroupTicket, SamplingParams
 from rlfleet.sample import FREE_ROUTE, RoutedExperts, Sample, SampleError
-from services.rollout.engines.torch_engine import TorchEngine
-from services.rollout.tito import TitoSession
-from services.trainer.routing_replay import FREE, routes_tensor
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.tito import TitoSession
+from rlfleet.services.trainer.routing_replay import FREE, routes_tensor
 from tests.support.tiny_moe import LAYERS, TOP_K, VOCAB, make_tiny_moe
 
 torch.set_num_threads(1)

@@ -11,9 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlfleet.protocols import SamplingParams
-from services.rollout.engines.base import EngineError
-from services.rollout.engines.torch_engine import TorchEngine
-from services.weight_sync.transports.manifest import digest_of
+from rlfleet.services.rollout.engines.base import EngineError
+from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.weight_sync.transports.manifest import digest_of
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)

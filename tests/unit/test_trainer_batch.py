@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from rlfleet.sample import Sample
+from rlfleet.services.trainer.batch import (
+    build_train_batch,
+    forward_logprobs,
+    group_samples,
+    rank_groups,
+    response_logprobs,
+)
 from rlfleet.v1 import buffer_pb2
-from services.trainer.batch import build_train_batch, forward_logprobs, group_samples, rank_groups, response_logprobs
 from tests.support.tiny_model import make_tiny_model
 
 
@@ -84,7 +90,7 @@ def test_model_logprobs_do_not_depend_on_padding(tmp_path: Path) -> None:
 def test_select_rows_indexes_every_per_row_field_and_extra_and_trims_on_request() -> None:
     """The one row selection (trainer minibatches, Megatron microbatches): rows [2, 0] of a 3-row batch."""
     from rlfleet.protocols import TrainBatch
-    from services.trainer.batch import select_rows
+    from rlfleet.services.trainer.batch import select_rows
 
     def marker() -> None:
         return None

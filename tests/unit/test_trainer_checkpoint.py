@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlfleet.config import Config, ConfigError, parse_config
-from services.trainer import checkpoint
-from services.trainer.service import validate
+from rlfleet.services.trainer import checkpoint
+from rlfleet.services.trainer.service import validate
 
 
 def _fake_checkpoint(run_dir: Path, step: int, complete: bool = True) -> Path:

@@ -20,13 +20,13 @@ from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
 from rlfleet.ports import free_ports
+from rlfleet.services.trainer import checkpoint
+from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
+from rlfleet.services.trainer.batch import rank_groups
+from rlfleet.services.trainer.collectives import broadcast_bytes
+from rlfleet.services.trainer.step import StepContext
 from rlfleet.v1 import buffer_pb2
-from services.trainer import checkpoint
-from services.trainer.algorithms import resolve
-from services.trainer.backends.fsdp import FsdpBackend, init_distributed
-from services.trainer.batch import rank_groups
-from services.trainer.collectives import broadcast_bytes
-from services.trainer.step import StepContext
 from tests.support.tiny_model import make_tiny_model
 from tests.unit.test_trainer_fsdp import batch_for
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from rlfleet.rpc import Server, channel
+from rlfleet.services.trainer.servicer import TrainerServicer, TrainerState
 from rlfleet.v1 import trainer_pb2, trainer_pb2_grpc
-from services.trainer.servicer import TrainerServicer, TrainerState
 
 
 def test_status_and_checkpoint_rpcs() -> None:

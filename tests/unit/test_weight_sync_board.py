@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from rlfleet.services.weight_sync.board import VersionBoard
+from rlfleet.services.weight_sync.transports.manifest import manifest_digest
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.board import VersionBoard
-from services.weight_sync.transports.manifest import manifest_digest
 
 
 def manifest(version: int) -> weights_pb2.WeightManifest:

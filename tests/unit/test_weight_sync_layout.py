@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlfleet.services.weight_sync.transports.layout import ALIGN, LayoutError, TensorSpec, layout_of, plan
+from rlfleet.services.weight_sync.transports.manifest import digest_of, manifest_digest, tensor_xxh64
 from rlfleet.v1 import weights_pb2
-from services.weight_sync.transports.layout import ALIGN, LayoutError, TensorSpec, layout_of, plan
-from services.weight_sync.transports.manifest import digest_of, manifest_digest, tensor_xxh64
 
 
 def spec(name: str, dtype: str, n: int, size: int) -> TensorSpec:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rlfleet.dtypes import dtype_name
-from services.weight_sync.transports.bucketed.sender import stage_tensors
-from services.weight_sync.transports.layout import TensorSpec
+from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors
+from rlfleet.services.weight_sync.transports.layout import TensorSpec
 
 torch.set_num_threads(1)
 

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from services.weight_sync.transports.bucketed import sender as bucketed_sender
-from services.weight_sync.transports.bucketed.sender import stage_tensors, stream_buckets
+from rlfleet.services.weight_sync.transports.bucketed import sender as bucketed_sender
+from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors, stream_buckets
 
 torch.set_num_threads(1)
 

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlfleet.services.rollout.weight_updates import WeightUpdater
+from rlfleet.services.weight_sync.board import VersionBoard
+from rlfleet.services.weight_sync.transports.auto import choose
+from rlfleet.services.weight_sync.transports.broadcast.wire import header_tensor, parse, table_tensor
+from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors
+from rlfleet.services.weight_sync.transports.disk_delta.codec import apply, encode
+from rlfleet.services.weight_sync.transports.fill import BucketFiller, emission_order
+from rlfleet.services.weight_sync.transports.layout import plan
+from rlfleet.services.weight_sync.transports.manifest import digest_of
+from rlfleet.services.weight_sync.transports.nixl.sender import plan_for
+from rlfleet.services.weight_sync.transports.sharded import ShardedState, materialize
 from rlfleet.v1 import weight_sync_pb2, weights_pb2
-from services.rollout.weight_updates import WeightUpdater
-from services.weight_sync.board import VersionBoard
-from services.weight_sync.transports.auto import choose
-from services.weight_sync.transports.broadcast.wire import header_tensor, parse, table_tensor
-from services.weight_sync.transports.bucketed.sender import stage_tensors
-from services.weight_sync.transports.disk_delta.codec import apply, encode
-from services.weight_sync.transports.fill import BucketFiller, emission_order
-from services.weight_sync.transports.layout import plan
-from services.weight_sync.transports.manifest import digest_of
-from services.weight_sync.transports.nixl.sender import plan_for
-from services.weight_sync.transports.sharded import ShardedState, materialize
 from tests.support.engine_double import EngineDouble
 
 torch.set_num_threads(1)

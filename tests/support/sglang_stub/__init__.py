@@ -56,7 +56,7 @@ def make_sglang_tiny_model(path: Path, seed: int = 0, layers: int = 2) -> Path:
 
 def server_spec(model_path: Path, python: Path, **kwargs: Any):  # -> SGLangServerSpec
     """A CPU float32 server spec with the import stub on its PYTHONPATH."""
-    from services.rollout.engines.sglang.server import SGLangServerSpec
+    from rlfleet.services.rollout.engines.sglang.server import SGLangServerSpec
 
     return SGLangServerSpec(model_path=Path(model_path), python=python, pythonpath=(STUB_DIR,), dtype="float32",
                             device="cpu", **kwargs)

@@ -4,7 +4,7 @@
 - name: {{ .module | replace "_" "-" }}
   image: {{ include "rlfleet.image" (dict "root" .root "role" .role) }}
   imagePullPolicy: {{ .root.Values.image.pullPolicy }}
-  command: ["python", "-m", "services.{{ .module }}"]
+  command: ["python", "-m", "rlfleet.services.{{ .module }}"]
   args:
     - --config=/etc/rlfleet/config.yaml
     - --listen=0.0.0.0:{{ .port }}

@@ -1,0 +1,122 @@
+"""Wire the buffer together from a config: store, filters, metrics, gRPC server. Runs until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+from grpc_health.v1 import health_pb2
+from prometheus_client import CollectorRegistry
+
+from rlfleet.committed_ids import committed_after
+from rlfleet.config import Config
+from rlfleet.exit_codes import GAVE_UP
+from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
+from rlfleet.plugins import PluginError
+from rlfleet.rpc import Server
+from rlfleet.sample_limits import model_limits
+from rlfleet.security.identity import Credential
+from rlfleet.security.scrub import redis_url_with_credentials
+from rlfleet.service_main import listen_address, parse_service_args, serve_until, stop_on_signals
+from rlfleet.services.buffer.core import BufferCore
+from rlfleet.services.buffer.filters import load_filters
+from rlfleet.services.buffer.service import SERVICE, BufferService, add_to_server
+from rlfleet.services.buffer.settings import BufferSettings
+from rlfleet.services.buffer.stores import StoreError
+from rlfleet.services.buffer.stores.factory import open_store
+
+log = logging.getLogger("buffer")
+SERVICE_NAME = SERVICE
+
+
+def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience: float = 30.0) -> BufferCore:
+    """Open the store (retrying while it is unreachable, e.g. Redis still starting) and load the state; samples the
+    trainer's checkpoints committed after the store's last Ack are dropped (reason `trained`), never delivered."""
+    metrics = BufferMetrics(registry) if registry is not None else None
+    filters = load_filters(cfg.buffer.filters)
+    end = time.monotonic() + patience
+    while True:
+        try:
+            core = BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics,
+                              limits=model_limits(cfg.model_path), version_lead=cfg.security.version_lead)
+            core.drop_trained(committed_after(cfg.run_dir, core.state.committed_step))
+            return core
+        except StoreError as exc:
+            if time.monotonic() > end:
+                raise
+            log.warning("store not ready (%s); retrying", exc)
+            time.sleep(1.0)
+
+
+def start_server(core: BufferCore, bind: str, token: Credential) -> Server:
+    server = Server(bind, token, max_workers=64,     # Claim/Put/GetBatch may each hold a worker while waiting
+                    max_receive_bytes=2 * core.settings.max_sample_bytes)   # a Put of the largest sample, and more
+    server.add(add_to_server, BufferService(core), SERVICE_NAME)
+    server.start()
+    return server
+
+
+def watch_health(core: BufferCore, server: Server, stop: threading.Event, every: float = 1.0) -> threading.Thread:
+    """Health follows the store: NOT_SERVING while it keeps failing (probed each `every` s, so it returns to SERVING
+    when the disk or Redis does); a superseded buffer (a newer writer epoch) sets stop: it must exit."""
+
+    def loop() -> None:
+        serving = True
+        while not stop.wait(every):
+            ok = core.healthy()
+            if ok != serving:
+                serving = ok
+                status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+                for name in ("", SERVICE_NAME):
+                    server.health.set(name, status)
+                (log.info if ok else log.error)("store %s: health %s", "recovered" if ok else "failing",
+                                                "SERVING" if ok else "NOT_SERVING")
+            if core.superseded.is_set():
+                stop.set()
+
+    thread = threading.Thread(target=loop, name="buffer-health", daemon=True)
+    thread.start()
+    return thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_service_args("buffer", argv)
+    cfg = args.config
+    if args.redis_auth.get("RLFLEET_REDIS_PASSWORD_FILE"):     # the chart's ACL user; the password stays in memory
+        url = redis_url_with_credentials(cfg.buffer.redis_url, args.redis_auth.get("RLFLEET_REDIS_USERNAME"),
+                                         args.redis_auth["RLFLEET_REDIS_PASSWORD_FILE"])
+        cfg = cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"redis_url": url})})
+    registry = CollectorRegistry()
+    try:
+        core = build_core(cfg, registry)
+    except (StoreError, PluginError, RuntimeError) as exc:
+        print(f"buffer: cannot start: {exc}", file=sys.stderr)
+        return 1
+    stop = stop_on_signals()
+    bind = listen_address(cfg.endpoints.buffer, args.listen)
+    server = start_server(core, bind, args.token)
+    serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
+    jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
+    log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, server.port)
+
+    def write_stats() -> None:
+        try:
+            s = core.stats()
+        except StoreError as exc:
+            log.warning("stats unavailable: %s", exc)
+            return
+        jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
+                     "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
+
+    watch_health(core, server, stop)
+    serve_until(stop, write_stats, tick_every=10.0)
+    server.stop(grace=2.0)
+    core.close()
+    jsonl.close()
+    if core.superseded.is_set():
+        print("buffer: superseded by a newer buffer on the same store (writer epoch); exiting", file=sys.stderr)
+        return GAVE_UP
+    log.info("buffer stopped")
+    return 0

@@ -1,0 +1,291 @@
+"""The embedded store: state in the buffer process, durable as an append-only log in RUN_DIR/buffer/.
+
+Each commit is ONE checksummed frame holding all its mutations (rlfleet.services.buffer.stores.logfile), so replay
+applies
+a commit whole or not at all. Durability per `fsync`:
+  always    (default) the reply waits until the commit is fsynced. Group commit: append() only writes (under the
+            buffer's lock); sync() is called after the lock is released, and one fsync covers every commit written
+            before it, so concurrent Puts share one fsync instead of queueing behind each other's.
+  everysec  a background thread fsyncs once a second: a power loss (not a process crash) loses up to ~1 s of
+            acknowledged Puts, deliveries and Acks.
+  no        never fsynced by the buffer (the OS flushes): a power loss loses whatever the OS had not written.
+On start the log is scanned: a torn tail (a bad frame with no intact frame after it, e.g. zero-filled) is cut off; a
+bad frame followed by intact ones is corruption and load() refuses with a LogCorrupt naming the file and offset
+(`rlfleet buffer verify|salvage RUN_DIR`). When the log grows well past the live data it is compacted: the state's
+snapshot is written to a temporary file, fsynced and renamed over the log; a failed compaction (disk full) leaves
+the old log serving and is retried later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from rlfleet.services.buffer.mutations import Mutation, decode, encode
+from rlfleet.services.buffer.state import State
+from rlfleet.services.buffer.stores import StoreError
+from rlfleet.services.buffer.stores.logfile import AppendLog, Scan, frame_parts, replace_with, scan
+
+_LEN = struct.Struct("<I")
+LOG_NAME = "buffer.log"
+FSYNC_POLICIES = ("always", "everysec", "no")
+log = logging.getLogger(__name__)
+
+
+class LogCorrupt(StoreError):
+    """The log holds a bad frame with intact commits after it: refused, never cut (see `rlfleet buffer verify`)."""
+
+
+def _body_parts(m: Mutation) -> list[bytes]:
+    """One mutation record as [header length, JSON header, payload]: a sample's bytes are written, never copied."""
+    header, payload = encode(m)
+    return [_LEN.pack(len(header)), header, payload]
+
+
+def _body(m: Mutation) -> bytes:
+    return b"".join(_body_parts(m))
+
+
+def _parse(body: bytes | memoryview) -> Mutation:
+    (n,) = _LEN.unpack_from(body)
+    return decode(bytes(body[_LEN.size:_LEN.size + n]), bytes(body[_LEN.size + n:]))
+
+
+def commit_parts(mutations: list[Mutation]) -> list[bytes]:
+    """The body of one commit frame: each mutation record prefixed by its length, as buffers in order."""
+    out: list[bytes] = []
+    for m in mutations:
+        parts = _body_parts(m)
+        out.append(_LEN.pack(sum(len(p) for p in parts)))
+        out.extend(parts)
+    return out
+
+
+def decode_commit(body: bytes) -> list[Mutation]:
+    """The mutations of one commit frame's body. Raises ValueError (and the decoders' errors) on a bad body."""
+    view, pos, out = memoryview(body), 0, []
+    while pos < len(view):
+        if len(view) - pos < _LEN.size:
+            raise ValueError(f"{len(view) - pos} stray bytes at the end of a commit")
+        (n,) = _LEN.unpack_from(view, pos)
+        if pos + _LEN.size + n > len(view):
+            raise ValueError(f"a record of {n} bytes runs past the end of its commit")
+        out.append(_parse(view[pos + _LEN.size:pos + _LEN.size + n]))
+        pos += _LEN.size + n
+    return out
+
+
+def replay(result: Scan) -> State:
+    """The state the intact commits of a scan rebuild. StoreError naming file and offset on a record that does not
+    decode or does not apply (a checksum-valid frame the code cannot read: a bug or a foreign file, never cut)."""
+    state = State()
+    for offset, body in result.frames:
+        try:
+            muts = [_parse(body)] if result.legacy else decode_commit(body)
+            for m in muts:
+                state.apply(m)
+        except Exception as exc:   # a decoder or State.apply error: reported as the store's, with its place
+            raise StoreError(f"{result.path}: commit at offset {offset} cannot be replayed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    return state
+
+
+class EmbeddedStore:
+    """Append-only log of commit frames with replay, torn-tail repair, group commit and compaction."""
+
+    def __init__(self, directory: Path, fsync: str = "always", compact_min_bytes: int = 64 << 20) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be always, everysec or no, not {fsync!r}")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / LOG_NAME
+        self.fsync = fsync
+        self.compact_min_bytes = compact_min_bytes
+        self._log: AppendLog | None = None
+        self._live_bytes = 0
+        self._compact_after = 0            # log size a compaction is next tried at (after a failed one: later)
+        # group commit: byte counters over the store's life (never reset, so tokens outlive compactions)
+        self._cv = threading.Condition()
+        self._appended = 0                 # bytes written
+        self._durable = 0                  # bytes known fsynced
+        self._suspect = 0                  # an fsync failed with this much written: those bytes may be lost
+        self._busy = False                 # an fsync (or a file swap) is in progress
+        self.failure: str | None = None    # the last append/sync error, until a later one succeeds
+        self.fsyncs = 0                    # fsync calls made (group commit shares them)
+        self.synced_size = 0               # log file size at the last fsync that succeeded (what a power loss keeps)
+        self._stop = threading.Event()
+        self._syncer: threading.Thread | None = None
+
+    # ---- load ----------------------------------------------------------------------------------------------------
+    def load(self) -> State:
+        with self._exclusive():
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            result = scan(self.path)
+            if result.damage is not None and not result.damage.torn_tail:
+                raise LogCorrupt(f"{result.describe()}; refusing to start: run `rlfleet buffer verify` / "
+                                 f"`rlfleet buffer salvage` on the run folder")
+            state = replay(result)
+            if result.damage is not None:
+                log.warning("%s; cut off", result.describe())
+            try:
+                if result.legacy:
+                    log.warning("%s: old log format; rewriting it as commit frames", self.path)
+                    self._log = replace_with(self.path, self._snapshot_frames(state))
+                else:
+                    self._log = AppendLog(self.path, result.end)
+            except OSError as exc:
+                raise StoreError(f"buffer log {self.path}: {exc}") from exc
+            self._live_bytes = self.synced_size = self._log.size   # a torn tail cut: what is left is on disk
+            self._compact_after = max(self.compact_min_bytes, 4 * self._live_bytes)
+            self._appended = self._durable = self._suspect = max(self._appended, self._suspect)
+        if self.fsync == "everysec" and self._syncer is None:
+            self._syncer = threading.Thread(target=self._sync_loop, name="buffer-fsync", daemon=True)
+            self._syncer.start()
+        return state
+
+    # ---- commit --------------------------------------------------------------------------------------------------
+    def append(self, mutations: list[Mutation], state: State) -> int:
+        """Write one commit (state: before it is applied); returns the token to sync(). Callers serialize appends."""
+        assert self._log is not None, "load() first"
+        if self._log.size > self._compact_after:
+            self._try_compact(state)
+        before = self._log.size
+        try:
+            self._log.append_buffers(frame_parts(commit_parts(mutations)))
+        except OSError as exc:
+            self.failure = f"buffer log {self.path}: {exc}"
+            raise StoreError(self.failure) from exc
+        with self._cv:
+            self._appended += self._log.size - before
+            if self.fsync != "always" and self._appended > self._suspect:
+                self.failure = None         # nothing waits for an fsync: a write that succeeds is health
+            return self._appended
+
+    def sync(self, token: int) -> None:
+        """Return once every commit up to token is durable (per the fsync policy). One fsync serves every waiter
+        whose commit was written before it started. StoreError if an fsync failed with that commit written."""
+        if self.fsync != "always":
+            return
+        with self._cv:
+            while self._durable < token:
+                if token <= self._suspect:
+                    raise StoreError(self.failure or f"buffer log {self.path}: an fsync failed")
+                if self._busy:
+                    self._cv.wait()
+                    continue
+                self._fsync_locked()
+
+    def _fsync_locked(self) -> None:
+        """fsync as the leader: called with _cv held and not busy; releases it during the fsync."""
+        target, log_ = self._appended, self._log
+        size = log_.size if log_ is not None else 0
+        if log_ is None:
+            raise StoreError(f"buffer log {self.path}: closed")
+        self._busy = True
+        self._cv.release()
+        error: OSError | None = None
+        try:
+            log_.fsync()
+        except OSError as exc:
+            error = exc
+        finally:
+            self._cv.acquire()
+            self._busy = False
+            self.fsyncs += 1
+            self._cv.notify_all()
+        if error is not None:
+            self._suspect = max(self._suspect, target)
+            self.failure = f"buffer log {self.path}: fsync: {error}"
+            raise StoreError(self.failure) from error
+        self._durable = max(self._durable, target)
+        if log_ is self._log:
+            self.synced_size = max(self.synced_size, size)
+        if target > self._suspect:
+            self.failure = None
+
+    def commit(self, mutations: list[Mutation], state: State) -> None:
+        """append + sync: durable (per the policy) when it returns."""
+        self.sync(self.append(mutations, state))
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """No fsync runs inside: for swapping or closing the file."""
+        with self._cv:
+            while self._busy:
+                self._cv.wait()
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    # ---- health --------------------------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        return self.failure is None
+
+    def probe(self) -> bool:
+        """After a failure: try an empty commit and its fsync (callers serialize it with append). True if healthy."""
+        if self.failure is None:
+            return True
+        try:
+            self.commit([], State())
+        except StoreError:
+            return False
+        return self.failure is None
+
+    # ---- compaction ----------------------------------------------------------------------------------------------
+    def _snapshot_frames(self, state: State) -> list[bytes]:
+        return frame_parts(commit_parts(state.snapshot()))
+
+    def compact(self, state: State) -> None:
+        """Rewrite the log as the snapshot of state (which must equal the log's content). On error the old log is
+        untouched and keeps serving."""
+        assert self._log is not None
+        frames = self._snapshot_frames(state)
+        with self._exclusive():
+            new = replace_with(self.path, frames)
+            old, self._log = self._log, new
+            old.close()
+            with self._cv:
+                self._durable = self._appended       # everything so far is in the fsynced snapshot
+                self.synced_size = new.size
+        self._live_bytes = new.size
+        self._compact_after = max(self.compact_min_bytes, 4 * self._live_bytes)
+
+    def _try_compact(self, state: State) -> None:
+        try:
+            self.compact(state)
+        except OSError as exc:
+            assert self._log is not None
+            self._compact_after = self._log.size + max(self.compact_min_bytes, self._live_bytes)
+            log.warning("buffer log %s: compaction failed (%s); the old log keeps serving, retried at %d bytes",
+                        self.path, exc, self._compact_after)
+
+    # ---- background fsync (everysec) and close ---------------------------------------------------------------------
+    def _sync_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._cv:
+                if self._durable < self._appended and not self._busy and self._log is not None:
+                    with contextlib.suppress(StoreError):
+                        self._fsync_locked()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._syncer is not None:
+            self._syncer.join()
+            self._syncer = None
+        with self._exclusive():
+            if self._log is not None:
+                if self.fsync != "no":
+                    with contextlib.suppress(OSError):
+                        self._log.fsync()
+                self._log.close()
+                self._log = None

@@ -1,0 +1,253 @@
+"""An append-only file of checksummed frames: [b"RLFC"][u32 length][u32 crc32 of length+body][body].
+
+A frame is one commit (rlfleet.services.buffer.stores.embedded), so replay applies a commit whole or not at all. Reading
+tells a torn tail from corruption: a bad frame with no intact frame anywhere after it is a torn tail (a crash
+mid-append, a tail the filesystem zero-filled) and is cut off; a bad frame followed by an intact one is corruption,
+and scan() reports it (file, offset, what follows) instead of cutting acknowledged commits away.
+
+A log written before frames had the magic (one mutation per [u32 length][u32 crc32][body] frame, no commit
+boundaries) is read by scan_legacy; the embedded store rewrites it in the current format on load.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAGIC = b"RLFC"
+_LEN = struct.Struct("<I")
+_HEAD = struct.Struct("<4sII")          # magic, body length, crc32(length bytes + body)
+_LEGACY = struct.Struct("<II")          # length, crc32(body)
+HEADER_BYTES = _HEAD.size
+
+
+def _crc(parts: list[bytes] | tuple[bytes, ...]) -> tuple[int, int]:
+    length = sum(len(p) for p in parts)
+    crc = zlib.crc32(_LEN.pack(length))
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return length, crc
+
+
+def frame_parts(parts: list[bytes]) -> list[bytes]:
+    """The frame of the body b"".join(parts), as buffers to write in order: the body is never concatenated."""
+    length, crc = _crc(parts)
+    return [_HEAD.pack(MAGIC, length, crc), *parts]
+
+
+def frame(body: bytes) -> bytes:
+    return b"".join(frame_parts([body]))
+
+
+def iter_frames(bodies: list[bytes]) -> Iterator[bytes]:
+    for body in bodies:
+        yield frame(body)
+
+
+def _frame_at(data: bytes | memoryview, pos: int) -> tuple[int, str]:
+    """(end offset, "") of the intact frame at pos, or (pos, why it is not one)."""
+    if len(data) - pos < _HEAD.size:
+        return pos, f"{len(data) - pos} bytes, shorter than a frame header"
+    magic, length, crc = _HEAD.unpack_from(data, pos)
+    if magic != MAGIC:
+        return pos, "no frame magic"
+    end = pos + _HEAD.size + length
+    if end > len(data):
+        return pos, f"frame of {length} bytes runs past the end of the file"
+    if zlib.crc32(data[pos + _HEAD.size:end], zlib.crc32(_LEN.pack(length))) != crc:
+        return pos, "checksum mismatch"
+    return end, ""
+
+
+def body_at(data: bytes, pos: int) -> bytes:
+    """The body of the (intact) frame at pos."""
+    _, length, _ = _HEAD.unpack_from(data, pos)
+    return data[pos + _HEAD.size:pos + _HEAD.size + length]
+
+
+@dataclass(frozen=True)
+class Damage:
+    offset: int                        # where the first bad frame starts
+    reason: str
+    intact_after: tuple[int, ...]      # offsets of intact frames after it (empty: a torn tail)
+
+    @property
+    def torn_tail(self) -> bool:
+        return not self.intact_after
+
+
+@dataclass
+class Scan:
+    """What a log holds: intact frames in order (offset, body) and where the intact prefix ends."""
+
+    path: Path
+    size: int
+    frames: list[tuple[int, bytes]] = field(default_factory=list)
+    end: int = 0                       # offset after the last frame of the intact prefix
+    damage: Damage | None = None
+    legacy: bool = False
+
+    def describe(self) -> str:
+        if self.damage is None:
+            return f"{self.path}: {len(self.frames)} commits, {self.size} bytes, intact"
+        d = self.damage
+        if d.torn_tail:
+            return (f"{self.path}: {len(self.frames)} commits intact; torn tail of {self.size - d.offset} bytes at "
+                    f"offset {d.offset} ({d.reason})")
+        return (f"{self.path}: corrupt frame at offset {d.offset} ({d.reason}) followed by "
+                f"{len(d.intact_after)} intact frames (first at offset {d.intact_after[0]}); {len(self.frames)} "
+                f"commits before it are intact")
+
+
+def scan_bytes(path: Path, data: bytes) -> Scan:
+    """Every intact frame of data, and the first damage: a torn tail or a corrupt frame with intact ones after it."""
+    if data and data[:4] != MAGIC:
+        return scan_legacy(path, data)
+    out = Scan(Path(path), len(data))
+    view, pos = memoryview(data), 0
+    while pos < len(data):
+        end, why = _frame_at(view, pos)
+        if why:
+            out.damage = Damage(pos, why, tuple(intact_frames_after(view, pos)))
+            break
+        out.frames.append((pos, bytes(view[pos + _HEAD.size:end])))
+        pos = end
+    out.end = pos
+    return out
+
+
+def intact_frames_after(data: bytes | memoryview, pos: int) -> Iterator[int]:
+    """Offsets of the intact frames that start after pos (each found by its magic, checked by its checksum)."""
+    raw = bytes(data) if isinstance(data, memoryview) else data
+    at = raw.find(MAGIC, pos + 1)
+    while at != -1:
+        end, why = _frame_at(data, at)
+        if not why:
+            yield at
+            at = raw.find(MAGIC, end)
+        else:
+            at = raw.find(MAGIC, at + 1)
+
+
+def scan(path: Path) -> Scan:
+    path = Path(path)
+    return scan_bytes(path, path.read_bytes() if path.exists() else b"")
+
+
+def scan_legacy(path: Path, data: bytes) -> Scan:
+    """A log of the format before commit frames: each intact frame's body is one mutation. A bad frame ends it
+    (that format cannot tell a torn tail from corruption; nothing after it is trusted)."""
+    out, pos = Scan(Path(path), len(data), legacy=True), 0
+    while pos + _LEGACY.size <= len(data):
+        length, crc = _LEGACY.unpack_from(data, pos)
+        body = data[pos + _LEGACY.size:pos + _LEGACY.size + length]
+        if len(body) < length or zlib.crc32(body) != crc:
+            break
+        out.frames.append((pos, body))
+        pos += _LEGACY.size + length
+    out.end = pos
+    if pos < len(data):
+        out.damage = Damage(pos, "bad frame in a log of the old format", ())
+    return out
+
+
+_IOV_MAX = 512   # buffers per writev call (POSIX guarantees at least 16; Linux allows 1024)
+
+
+def _writev_all(fd: int, buffers: list[bytes]) -> int:
+    """Write every buffer in order, resuming after short writes; returns the bytes written."""
+    views = [memoryview(b) for b in buffers if len(b)]
+    done, i = 0, 0
+    while i < len(views):
+        n = os.writev(fd, views[i:i + _IOV_MAX])
+        done += n
+        while i < len(views) and n >= len(views[i]):
+            n -= len(views[i])
+            i += 1
+        if n:
+            views[i] = views[i][n:]
+    return done
+
+
+class AppendLog:
+    """Appends framed records with one write per batch; fsync is the caller's policy. Holds an exclusive flock on
+    the file (one writer; the OS frees it if the process dies)."""
+
+    def __init__(self, path: Path, valid_size: int, truncate: bool = True) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise RuntimeError(f"{path} is in use by another buffer process") from None
+        if truncate:
+            os.ftruncate(self._fd, valid_size)
+        os.lseek(self._fd, valid_size, os.SEEK_SET)
+        self.size = valid_size
+
+    def append(self, bodies: list[bytes]) -> None:
+        self.append_buffers(list(iter_frames(bodies)))
+
+    def append_buffers(self, buffers: list[bytes]) -> None:
+        """Write already-framed records with as few syscalls as the OS allows (writev); all or nothing."""
+        total = sum(len(b) for b in buffers)
+        try:
+            written = _writev_all(self._fd, buffers)
+        except OSError:
+            os.ftruncate(self._fd, self.size)   # leave no half record behind a later good one
+            os.lseek(self._fd, self.size, os.SEEK_SET)
+            raise
+        assert written == total
+        self.size += total
+
+    def fsync(self) -> None:
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_with(path: Path, buffers: list[bytes]) -> AppendLog:
+    """Write buffers as a new file, fsync it and rename it over path; returns it open for appending (locked before
+    the rename, so no second writer can take the new file). On any error path is untouched and the temporary file
+    is removed."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    log: AppendLog | None = None
+    try:
+        if tmp.exists():
+            tmp.unlink()
+        log = AppendLog(tmp, 0)
+        log.append_buffers(buffers)
+        log.fsync()
+        os.replace(tmp, path)
+    except BaseException:
+        if log is not None:                 # ours: remove it
+            log.close()
+            tmp.unlink(missing_ok=True)
+        raise
+    log.path = path
+    try:
+        fsync_dir(path.parent)      # the rename is done: the new file serves even if its name is not yet durable
+    except OSError:
+        pass
+    return log
+
+
+def read_records(path: Path) -> tuple[list[bytes], int]:
+    """The bodies of the intact frames of the log's intact prefix, and the offset where that prefix ends."""
+    result = scan(path)
+    return [body for _, body in result.frames], result.end

@@ -1,0 +1,90 @@
+"""The engine contract of a rollout replica, shaped after SGLang's engine API so SGLang drops in beside torch.
+
+SGLang mapping: submit -> /generate (input_ids, sampling params, return_logprob); update_weights_from_tensor /
+update_weights_from_disk -> the calls of the same name inside begin/end_weight_update; pause/resume ->
+pause_generation / continue_generation; named_weights -> what the replica holds, for the manifest digest.
+An SGLang engine would add update_weights_from_distributed (a collective group with the trainer) as a transport
+beside these; the torch engine receives tensors through rlfleet.services.weight_sync.transports and loads them from
+memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from rlfleet.protocols import Generation, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+
+class EngineError(RuntimeError):
+    """An engine that cannot load a model, or a request or weight update it refuses."""
+
+
+def check_request(input_ids: Sequence[int], sampling: SamplingParams) -> None:
+    """The checks every engine's submit makes before a request can enter a batch; EngineError otherwise."""
+    if not input_ids:
+        raise EngineError("empty prompt")
+    if sampling.max_new_tokens < 1:
+        raise EngineError(f"max_new_tokens is {sampling.max_new_tokens}, must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineGeneration(Generation):
+    """A Generation with the weight version that produced each output token (in-place updates mid-sequence)."""
+
+    token_versions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int              # sequences in the batch now
+    waiting: int              # submitted, not yet admitted
+    generated_tokens: int     # output tokens since start
+    finished: int             # requests resolved since start
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One inference engine replica. Thread-safe: submit and the weight calls may come from any thread."""
+
+    name: str
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def submit(self, input_ids: Sequence[int], sampling: SamplingParams) -> Future[Generation]:
+        """Queue one request; the future resolves the moment that request finishes (stop, length or abort)."""
+        ...
+
+    def update_weights_from_tensor(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Swap weights between two decode steps (in-flight sequences continue under the new weights)."""
+        ...
+
+    def update_weights_from_disk(self, path: str, version: int) -> None: ...
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """What the engine holds now, by parameter name (state-dict names)."""
+        ...
+
+    def pause(self) -> int:
+        """Stop scheduling decode steps after the current one; returns the number of in-flight requests."""
+        ...
+
+    def resume(self) -> None: ...
+
+    def abort_in_flight(self) -> int:
+        """Resolve every running and waiting request now with finish_reason 'abort'; returns how many."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    def healthy(self) -> bool:
+        """True while the engine can serve requests: its decode loop runs, or its server answers /health."""
+        ...
+
+    def shutdown(self) -> None: ...

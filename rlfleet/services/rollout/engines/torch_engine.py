@@ -1,0 +1,369 @@
+"""The built-in engine: any HF causal LM from a local folder, continuous batching with a KV cache, on CPU or GPU.
+
+One scheduler thread owns the model. Each iteration it admits waiting requests (up to max_batch_size running
+sequences) with a left-padded prefill whose cache is merged into the running batch, then runs one decode step for
+every running sequence. A request finishes on EOS, one of its stop ids, or max_new_tokens, and its future resolves
+at once while the others keep going. Weight updates take the step lock, so they land between two decode steps and
+in-flight sequences continue under the new weights (each token records the version that produced it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.cache_utils import DynamicCache
+
+from rlfleet.batch_invariant import batch_invariant, load_kwargs
+from rlfleet.protocols import Generation, SamplingParams
+from rlfleet.services.rollout.engines import kv_cache
+from rlfleet.services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
+from rlfleet.services.rollout.engines.fast_decode import FastDecoder, supports
+from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
+from rlfleet.services.rollout.engines.sampling import RowSampling, choose_tokens
+from rlfleet.services.rollout.engines.weights import check_update, load_safetensors_folder
+
+log = logging.getLogger(__name__)
+
+TokenCallback = Callable[[int, float], None]      # (token id, logprob) of each output token as it is chosen
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Request:
+    input_ids: list[int]
+    sampling: SamplingParams
+    future: Future[Generation]
+    row: RowSampling
+    stop_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    seed: int | None = None          # the sampling stream's seed: a retracted request restarts it
+    routes: list[np.ndarray] = field(default_factory=list)     # MoE: [layers, K] expert ids per output token
+    on_token: TokenCallback | None = None                          # streaming: told each output token as chosen
+
+
+def _eos_ids(model: torch.nn.Module) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    return frozenset(ids)
+
+
+class TorchEngine:
+    name = "torch"
+
+    def __init__(self, model_path: str | Path, max_batch_size: int = 64, device: str = "cpu",
+                 dtype: str | None = None, seed: int = 0, eos_token_ids: Iterable[int] | None = None,
+                 weight_version: int = 0, on_policy: bool = False, fast_decode: bool = True,
+                 compile: bool = False) -> None:
+        """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config.
+        on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
+        rlfleet.batch_invariant, so the logprobs equal the trainer's recomputation bitwise (no fast or compiled
+        decode). fast_decode: Llama-family models decode through `fast_decode.FastDecoder` (same math, less
+        overhead); compile: torch.compile its layer step (off by default; an uncompiled engine never compiles)."""
+        self.on_policy = on_policy
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                str(model_path), dtype=DTYPES[dtype] if dtype else "auto", use_safetensors=True,
+                **load_kwargs(on_policy)).to(device)
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"cannot load a causal LM from {model_path}: {exc}") from exc
+        self.model.eval()
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
+        self._routes = RouteRecorder.attach(self.model)        # MoE models: record routes for R3, else None
+        self._fast = FastDecoder(self.model, compile=compile) \
+            if fast_decode and not on_policy and self._routes is None and supports(self.model) else None
+        self._seeds = torch.Generator().manual_seed(seed)       # seeds requests that bring none
+        self._version = weight_version
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._cache: DynamicCache | None = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)   # [B, L]
+        self._pos = torch.zeros(0, dtype=torch.long, device=self.device)       # [B] next position id
+        self._last = torch.zeros(0, dtype=torch.long, device=self.device)      # [B] sampled, not yet in the cache
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._paused = False
+        self._stopped = False
+        self._generated = 0
+        self._finished = 0
+        self._thread = threading.Thread(target=self._loop, name="torch-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API -------------------------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def submit(self, input_ids: Sequence[int], sampling: SamplingParams) -> Future[Generation]:
+        return self.submit_streaming(input_ids, sampling, None)
+
+    def submit_streaming(self, input_ids: Sequence[int], sampling: SamplingParams,
+                         on_token: TokenCallback | None) -> Future[Generation]:
+        """submit, and call on_token(id, logprob) on the engine thread as each output token is chosen (keep it cheap:
+        put it on a queue). The calls are the future's output ids and logprobs, in order."""
+        check_request(input_ids, sampling)
+        bad = [t for t in input_ids if not 0 <= int(t) < self.vocab_size]
+        if bad:                                      # refused here: inside a batch it would fail every request
+            raise EngineError(f"token id {bad[0]} outside the vocabulary (size {self.vocab_size})")
+        future: Future[Generation] = Future()
+        future.set_running_or_notify_cancel()
+        with self._cv:
+            if self._stopped:
+                raise EngineError("engine is shut down")
+            seed = sampling.seed if sampling.seed is not None else int(
+                torch.randint(0, 2**62, (1,), generator=self._seeds))
+            rng = np.random.default_rng(seed) if sampling.temperature > 0 else None
+            row = RowSampling(sampling.temperature, sampling.top_p, sampling.top_k, rng)
+            self._waiting.append(_Request([int(t) for t in input_ids], sampling, future, row,
+                                          self.eos_ids | frozenset(sampling.stop_token_ids), seed=seed,
+                                          on_token=on_token))
+            self._cv.notify_all()
+        return future
+
+    def update_weights_from_tensor(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        params = dict(self.model.state_dict())
+        check_update(params, named_tensors)          # all-or-nothing: refuse before touching anything
+        with self._step_lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                params[name].copy_(tensor.to(self.device))
+            self._version = version
+        log.info("torch engine now serves weight version %d (%d tensors)", version, len(named_tensors))
+
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        self.update_weights_from_tensor(load_safetensors_folder(Path(path)), version)
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return list(self.model.state_dict().items())
+
+    def pause(self) -> int:
+        with self._cv:
+            self._paused = True
+        with self._step_lock:                        # the step in progress, if any, has ended
+            return len(self._running) + len(self._waiting)
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def abort_in_flight(self) -> int:
+        with self._step_lock:
+            with self._cv:
+                victims = list(self._running) + list(self._waiting)
+                self._waiting.clear()
+            self._running = []
+            self._cache = None
+            self._mask = self._mask[:0, :0]
+            self._pos, self._last = self._pos[:0], self._last[:0]
+        for req in victims:
+            self._resolve(req, "abort")
+        return len(victims)
+
+    def retract_in_flight(self) -> int:
+        """Partial rollouts, retract mode: every running request goes back to the front of the queue with its output
+        dropped and its KV rows freed; it is generated again from its prompt (same seed) under the weights loaded
+        when it is admitted. Futures stay pending. Call while paused, before a weight update. Returns how many."""
+        with self._step_lock:
+            victims = self._running
+            self._running, self._cache = [], None
+            self._mask = self._mask[:0, :0]
+            self._pos, self._last = self._pos[:0], self._last[:0]
+            with self._cv:
+                for req in reversed(victims):
+                    for part in (req.output_ids, req.logprobs, req.versions, getattr(req, "routes", [])):
+                        part.clear()
+                    if req.row.rng is not None:
+                        req.row = dataclasses.replace(req.row, rng=np.random.default_rng(req.seed))
+                    self._waiting.appendleft(req)
+                self._cv.notify_all()
+        return len(victims)
+
+    def abort(self, futures: Iterable[Future[Generation]]) -> int:
+        """Resolve these requests now with finish_reason 'abort' (over-sampled work no longer needed), freeing their
+        batch slots and KV rows; the other requests continue. Returns how many were still in the engine."""
+        targets = {id(f) for f in futures}
+        with self._step_lock:
+            with self._cv:
+                victims = [r for r in self._waiting if id(r.future) in targets]
+                self._waiting = deque(r for r in self._waiting if id(r.future) not in targets)
+            keep = [i for i, r in enumerate(self._running) if id(r.future) not in targets]
+            victims += [r for r in self._running if id(r.future) in targets]
+            if len(keep) < len(self._running):
+                self._keep_rows(keep)
+        for req in victims:
+            self._resolve(req, "abort")
+        return len(victims)
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        """Keep only the running requests at batch rows `keep` (in order), with their KV rows; free the rest."""
+        self._running = [self._running[i] for i in keep]
+        if keep:
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self._mask = kv_cache.select(self._cache, self._mask, idx)
+            self._pos, self._last = self._pos[idx], self._last[idx]
+        else:
+            self._cache = None
+            self._mask = self._mask[:0, :0]
+            self._pos, self._last = self._pos[:0], self._last[:0]
+
+    def kv_tokens(self) -> int:
+        """KV positions held for the running batch (rows x length): 0 when nothing runs, i.e. nothing leaked."""
+        return int(self._mask.numel()) if self._cache is not None else 0
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._running), waiting=len(self._waiting), generated_tokens=self._generated,
+                           finished=self._finished)
+
+    def healthy(self) -> bool:
+        """The decode loop thread is alive and the engine is not shut down."""
+        return self._thread.is_alive() and not self._stopped
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30)
+        self.abort_in_flight()
+
+    # ---- scheduler --------------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopped and (self._paused or not (self._waiting or self._running)):
+                    self._cv.wait()
+                if self._stopped:
+                    return
+            with self._step_lock:
+                with self._cv:
+                    if self._paused or self._stopped:    # pause() came between the check above and the lock
+                        continue
+                    room = self.max_batch_size - len(self._running)
+                    admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                try:
+                    self._step(admitted)
+                except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
+                    log.exception("torch engine step failed")
+                    self._fail_all(exc, admitted)
+
+    def _step(self, admitted: list[_Request]) -> None:
+        with torch.inference_mode(), batch_invariant(self.on_policy):
+            if admitted:
+                self._prefill(admitted)
+            if self._running:
+                self._decode()
+
+    def _prefill(self, reqs: list[_Request]) -> None:
+        length = max(len(r.input_ids) for r in reqs)
+        ids = torch.zeros(len(reqs), length, dtype=torch.long)                  # [N, P] left-padded
+        mask = torch.zeros(len(reqs), length, dtype=torch.long)                 # [N, P]
+        for i, r in enumerate(reqs):
+            ids[i, length - len(r.input_ids):] = torch.tensor(r.input_ids)
+            mask[i, length - len(r.input_ids):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(1) - 1).clamp(min=0)                                  # [N, P]
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                         logits_to_keep=1)
+        logits = out.logits[:, -1]                                               # [N, V]
+        routes = self._routes.take(len(reqs), length)[:, -1] if self._routes else None   # [N, layers, K]
+        if self._cache is None or not self._running:
+            self._cache, self._mask = out.cache, mask
+            self._pos, self._last = mask.sum(1), torch.zeros(len(reqs), dtype=torch.long, device=self.device)
+            self._running = list(reqs)
+        else:
+            self._cache, self._mask = kv_cache.merge(self._cache, self._mask, out.cache, mask)
+            self._pos = torch.cat([self._pos, mask.sum(1)])
+            self._last = torch.cat([self._last, torch.zeros(len(reqs), dtype=torch.long, device=self.device)])
+            self._running = self._running + list(reqs)
+        self._accept(logits, first=len(self._running) - len(reqs), routes=routes)
+
+    def _decode(self) -> None:
+        b = len(self._running)
+        self._mask = torch.cat([self._mask, self._mask.new_ones(b, 1)], dim=1)  # [B, L+1]
+        if self._fast is not None:
+            logits = self._fast.decode(self._cache, self._last, self._pos, self._mask)   # [B, V]
+            self._pos = self._pos + 1
+            self._accept(logits, first=0)
+            return
+        out = self.model(input_ids=self._last.unsqueeze(1), attention_mask=self._mask,
+                         position_ids=self._pos.unsqueeze(1), cache=self._cache, use_cache=True)
+        self._cache = out.cache
+        self._pos = self._pos + 1
+        routes = self._routes.take(b, 1)[:, 0] if self._routes else None       # [B, layers, K]
+        self._accept(out.logits[:, -1], first=0, routes=routes)                 # logits: [B, V]
+
+    def _accept(self, logits: torch.Tensor, first: int, routes: torch.Tensor | None = None) -> None:
+        """logits: [R, V] for running rows first..first+R-1. Choose tokens, finish requests, drop their rows.
+
+        routes: [R, layers, K] expert ids of the forward that produced these logits (MoE models), else None.
+        """
+        rows = self._running[first:]
+        tokens, logprobs = choose_tokens(logits, [r.row for r in rows])         # [R], [R]
+        self._last[first:] = tokens
+        version = self._version
+        done: list[tuple[int, str]] = []
+        for i, (req, tok, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
+            req.output_ids.append(tok)
+            req.logprobs.append(lp)
+            req.versions.append(version)
+            if routes is not None:
+                req.routes.append(routes[i].numpy())
+            if req.on_token is not None:
+                try:
+                    req.on_token(tok, lp)
+                except Exception:  # noqa: BLE001 - a listener's failure never stops the batch
+                    log.exception("streaming callback failed; the request goes on without it")
+                    req.on_token = None
+            if tok in req.stop_ids:
+                done.append((first + i, "stop"))
+            elif len(req.output_ids) >= req.sampling.max_new_tokens:
+                done.append((first + i, "length"))
+        self._generated += len(rows)
+        if not done:
+            return
+        finished = {i for i, _ in done}
+        keep = [i for i in range(len(self._running)) if i not in finished]
+        resolved = [(self._running[i], reason) for i, reason in done]
+        self._keep_rows(keep)
+        for req, reason in resolved:
+            self._resolve(req, reason)
+
+    def _resolve(self, req: _Request, reason: str) -> None:
+        self._finished += 1
+        if req.future.done():
+            return
+        req.future.set_result(EngineGeneration(
+            output_ids=tuple(req.output_ids), logprobs=tuple(req.logprobs), finish_reason=reason,
+            weight_version=req.versions[0] if req.versions else self._version, token_versions=tuple(req.versions),
+            routed_experts=np.stack(req.routes) if req.routes else None))       # [T, layers, K]
+
+    def _fail_all(self, exc: Exception, admitted: list[_Request]) -> None:
+        victims, self._running, self._cache = self._running + admitted, [], None
+        self._mask = self._mask[:0, :0]
+        self._pos, self._last = self._pos[:0], self._last[:0]
+        for req in victims:
+            if not req.future.done():
+                req.future.set_exception(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))

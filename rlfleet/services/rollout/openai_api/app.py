@@ -1,0 +1,130 @@
+"""What the OpenAI endpoint does with a request, apart from HTTP: find the session, generate on the engine, record
+the turn. A request without a session id is answered the same way from a throwaway session (nothing is kept)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+from rlfleet.protocols import Generation, SamplingParams
+from rlfleet.services.rollout.engines.base import Engine, EngineError
+from rlfleet.services.rollout.openai_api.sessions import SessionStore
+from rlfleet.services.rollout.openai_api.wire import Completion, RequestError, messages_of, prompt_of, sampling_of
+from rlfleet.services.rollout.tito import TitoError, TitoSession
+
+
+class GenerationTimeout(RuntimeError):
+    """The engine did not finish within request_timeout (HTTP 504)."""
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    model_name: str = "rlfleet"
+    max_context: int | None = None          # the model's positions (max_position_embeddings); None: unchecked
+    request_timeout: float = 600.0
+
+
+@dataclass
+class Turn:
+    """One request's engine turn between begin and finish. tokens: (id, logprob) as the engine chooses them (a
+    streaming engine, stream requests only; otherwise empty)."""
+
+    session: TitoSession
+    session_id: str | None
+    prompt_ids: list[int]
+    future: Future[Generation]
+    tokens: queue.SimpleQueue[tuple[int, float]]
+    chat: bool
+    deadline: float              # time.monotonic() after which finish aborts the generation
+
+
+class OpenAIApp:
+    """Thread-safe: every HTTP request thread calls chat / complete."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, sampling: SamplingParams, store: SessionStore,
+                 settings: AppSettings = AppSettings()) -> None:
+        self.engine, self.tokenizer, self.sampling, self.store = engine, tokenizer, sampling, store
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, Future[Generation]] = {}     # session id -> its engine request now
+
+    def abort_sessions(self, prefix: str) -> int:
+        """Abort the engine requests in flight of the sessions whose id starts with `prefix` (a group the buffer
+        cancelled: session ids begin with its group id); they answer finish_reason 'abort'. Returns how many."""
+        with self._lock:
+            pending = [f for sid, f in self._in_flight.items() if sid.startswith(prefix) and not f.done()]
+        abort = getattr(self.engine, "abort", None)
+        return int(abort(pending)) if pending and abort is not None else 0
+
+    def chat(self, body: Mapping[str, Any], session_id: str | None) -> Completion:
+        return self.finish(self.begin(body, session_id, chat=True))
+
+    def complete(self, body: Mapping[str, Any], session_id: str | None) -> Completion:
+        return self.finish(self.begin(body, session_id, chat=False))
+
+    def begin(self, body: Mapping[str, Any], session_id: str | None, chat: bool) -> Turn:
+        """Position the session (or a throwaway one) for the next engine turn and submit it. The caller must call
+        finish(turn) (it records the turn and frees the session), also when it stops reading."""
+        if chat:
+            messages = messages_of(body)
+            if session_id is None:
+                try:
+                    session = TitoSession(self.tokenizer, messages)
+                except TitoError as exc:
+                    raise RequestError(str(exc)) from None
+            else:
+                session = self.store.begin_chat(session_id, messages)
+        else:
+            prompt = prompt_of(body)
+            session = TitoSession.from_prompt(self.tokenizer, prompt) if session_id is None else \
+                self.store.begin_completion(session_id, prompt)
+        try:
+            return self._submit(session, body, chat, session_id)
+        except Exception:
+            if session_id is not None:
+                self.store.end(session_id)
+            raise
+
+    def _submit(self, session: TitoSession, body: Mapping[str, Any], chat: bool, session_id: str | None) -> Turn:
+        prompt_ids = session.input_ids
+        room = None if self.settings.max_context is None else self.settings.max_context - len(prompt_ids)
+        sampling = sampling_of(body, self.sampling, self.tokenizer, room)
+        tokens: queue.SimpleQueue[tuple[int, float]] = queue.SimpleQueue()
+        streaming = getattr(self.engine, "submit_streaming", None) if body.get("stream") else None
+        try:
+            future = (streaming(prompt_ids, sampling, lambda t, lp: tokens.put((t, lp))) if streaming is not None
+                      else self.engine.submit(prompt_ids, sampling))
+        except EngineError as exc:
+            raise RequestError(str(exc)) from None
+        if session_id is not None:
+            with self._lock:
+                self._in_flight[session_id] = future
+        return Turn(session, session_id, prompt_ids, future, tokens, chat,
+                    time.monotonic() + self.settings.request_timeout)
+
+    def finish(self, turn: Turn) -> Completion:
+        """Wait for the turn's generation (until its deadline), record it in the session and free the session."""
+        try:
+            try:
+                gen = turn.future.result(timeout=max(turn.deadline - time.monotonic(), 0.0))
+            except FutureTimeout:
+                abort = getattr(self.engine, "abort", None)
+                if abort is not None:
+                    abort([turn.future])
+                raise GenerationTimeout(f"generation did not finish in {self.settings.request_timeout:.0f}s") \
+                    from None
+            content = turn.session.add_generation(gen)
+        finally:
+            if turn.session_id is not None:
+                with self._lock:
+                    self._in_flight.pop(turn.session_id, None)
+                self.store.end(turn.session_id)
+        text = content if turn.chat else self.tokenizer.decode(list(gen.output_ids), skip_special_tokens=False,
+                                                               clean_up_tokenization_spaces=False)
+        return Completion(generation=gen, text=str(text), prompt_ids=turn.prompt_ids)

@@ -1,0 +1,49 @@
+"""Built-in rollout functions (rollout.rollout_fn). Each yields a group's samples as they finish."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from concurrent.futures import Future, as_completed
+
+from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext
+from rlfleet.sample import RoutedExperts, Sample, Status
+from rlfleet.services.rollout.messages import sample_seed, status_of
+
+
+def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+    """group_size completions of one prompt with the config sampling (a per-sample seed from the run seed)."""
+    prompt_ids = ctx.encode_prompt(prompt)
+    run_seed = getattr(ctx, "run_seed", 0)
+    futures: dict[Future[Generation], int] = {}
+    for i in range(ticket.group_size):
+        sampling = dataclasses.replace(ctx.sampling, seed=sample_seed(run_seed, ticket.group_id, i))
+        futures[ctx.generate(prompt_ids, sampling)] = i
+    held: list[Sample] = []                          # a batched reward scores the group at once, at the end
+    batched = bool(getattr(ctx, "batched_reward", False))
+    for future in as_completed(futures):
+        index = futures[future]
+        sample = Sample(group_id=ticket.group_id, index=index, group_size=ticket.group_size, prompt_ids=prompt_ids,
+                        response_ids=[], rollout_logprobs=[], prompt_index=ticket.prompt_index,
+                        replica_id=ctx.replica_id)
+        try:
+            gen = future.result()
+        except Exception as exc:  # noqa: BLE001 - an engine failure fails this sample only
+            sample.status, sample.status_reason = Status.FAILED, f"engine raised {type(exc).__name__}: {exc}"
+            yield sample
+            continue
+        sample.response_ids, sample.rollout_logprobs = list(gen.output_ids), list(gen.logprobs)
+        sample.weight_version, sample.status = gen.weight_version, status_of(gen.finish_reason)
+        if sample.status == Status.ABORTED:
+            sample.status_reason = f"engine finish_reason '{gen.finish_reason}'"
+        versions = tuple(getattr(gen, "token_versions", ()) or ())
+        if versions and len(set(versions)) > 1:      # the weights changed mid-sequence (in-place update)
+            sample.token_versions = list(versions)
+        if gen.routed_experts is not None:           # MoE: per-token expert ids for routing replay (R3)
+            sample.routed_experts = RoutedExperts(ids=gen.routed_experts)
+        if batched:
+            held.append(sample)
+        else:
+            yield ctx.score(prompt, sample)
+    if held:
+        yield from ctx.score_group(prompt, held)  # type: ignore[attr-defined]

@@ -1,0 +1,250 @@
+"""Apply a published weight version to the engine: fetch, verify, load, recompute the digest, acknowledge.
+
+The same path serves the WeightSync subscription and the Rollout.LoadWeights RPC. The fetch (network, collective,
+NIXL or delta files) runs while the engine keeps generating; only the load pauses it, in one of two modes:
+`in_place` (in-flight requests continue under the new weights) or `retract` (in-flight requests are aborted, so the
+work loop re-queues them). A failed attempt is retried once; then the failure is reported (ok=false) and the
+previous version keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import torch
+
+from rlfleet.security.identity import Credential
+from rlfleet.security.signing import SignatureError, Verifier, verify_weights
+from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.weight_sync.transports.contract import Fetch, Receiver, ReceiverSetup, WeightHolder
+from rlfleet.services.weight_sync.transports.manifest import digest_of
+from rlfleet.services.weight_sync.transports.registry import transport
+from rlfleet.tied import TIED_OPTION, tied_aliases, with_aliases
+from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
+
+log = logging.getLogger(__name__)
+
+Receivers = Callable[[str], Fetch]
+
+
+def default_receivers(transport: str) -> Fetch:
+    from rlfleet.services.weight_sync.transports import get_receiver
+
+    return get_receiver(transport)
+
+
+class WeightMismatchError(RuntimeError):
+    """Received tensors or the engine's holdings do not match the manifest."""
+
+
+def engine_ties(engine: Engine) -> dict[str, str] | None:
+    """The engine's own tied aliases when it can tell (the torch engine holds an nn.Module), else None."""
+    model = getattr(engine, "model", None)
+    return tied_aliases(model) if isinstance(model, torch.nn.Module) else None
+
+
+def held_digest(engine: Engine, names: list[str]) -> str:
+    held = dict(engine.named_weights())
+    missing = [n for n in names if n not in held]
+    if missing:
+        raise WeightMismatchError(f"engine holds no tensor named {missing[0]!r} ({len(missing)} missing)")
+    return digest_of((n, held[n]) for n in names)
+
+
+PAUSE_MODES = ("in_place", "retract")
+KEEP_EPOCHS = 64          # versions whose epoch a replica remembers (far more than any staleness bound)
+
+
+class WeightUpdater:
+    def __init__(self, engine: Engine, replica_id: str, token: Credential, timeout: float,
+                 receivers: Receivers = default_receivers,
+                 ack: Callable[[weights_pb2.UpdateResult], None] | None = None, pause_mode: str = "in_place",
+                 verifier: Verifier | None = None) -> None:
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause_mode must be one of {PAUSE_MODES}, got {pause_mode!r}")
+        self.pause_mode = pause_mode
+        self.engine = engine
+        self.replica_id = replica_id
+        self._token = token
+        self._timeout = timeout
+        self._receivers = receivers
+        self._ack = ack
+        self._verifier = verifier            # set: only versions signed by the trainer's key are loaded
+        self._lock = threading.Lock()          # one update at a time (subscription and LoadWeights)
+        self.digest = ""                       # digest of the last applied version ("" = initial weights)
+        self.epoch = 0                         # trainer epoch of the last applied version (0 = initial weights)
+        self._epochs: dict[int, int] = {}      # recently applied version -> the epoch it was applied under
+        self.failures = 0
+
+    def epoch_of(self, version: int) -> int:
+        """The trainer epoch under which `version` was last applied (0: the initial weights, or a version applied
+        longer ago than the staleness any buffer keeps). Samples carry it (Sample.weight_epoch): the same version
+        number under two epochs names two different sets of weights (rlfleet/lineage.py)."""
+        return self._epochs.get(version, 0)
+
+    def _applied(self, version: int, epoch: int) -> None:
+        self.epoch = epoch
+        self._epochs[version] = epoch
+        while len(self._epochs) > KEEP_EPOCHS:
+            del self._epochs[min(self._epochs)]
+
+    def newer(self, manifest: weights_pb2.WeightManifest) -> bool:
+        """Whether manifest is newer than what the engine serves, by (epoch, version): after a trainer resumed from
+        an older checkpoint (a newer epoch), its lower-numbered versions replace the abandoned lineage's."""
+        return (manifest.epoch, manifest.version) > (self.epoch, self.engine.weight_version)
+
+    def apply(self, manifest: weights_pb2.WeightManifest) -> weights_pb2.UpdateResult:
+        with self._lock:
+            result = self._apply_locked(manifest)
+        if self._ack is not None:
+            try:
+                self._ack(result)
+            except grpc.RpcError as exc:
+                log.warning("WeightSync.Ack for version %d failed: %s", manifest.version, exc.code())
+        return result
+
+    def _apply_locked(self, manifest: weights_pb2.WeightManifest) -> weights_pb2.UpdateResult:
+        start = time.monotonic()
+        if manifest.version == self.engine.weight_version and manifest.digest == self.digest:
+            self._applied(manifest.version, max(self.epoch, manifest.epoch))   # the same weights, any epoch
+            return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,
+                                            digest=self.digest)               # already applied (LoadWeights + sub)
+        error = ""
+        for attempt in (1, 2):
+            try:
+                nbytes = self._fetch_and_load(manifest)
+                self._applied(manifest.version, manifest.epoch)
+                return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,
+                                                digest=self.digest, seconds=time.monotonic() - start, bytes=nbytes)
+            except Exception as exc:  # noqa: BLE001 - any failure keeps the previous version serving
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("weight version %d, attempt %d failed: %s", manifest.version, attempt, error)
+                if isinstance(exc, SignatureError):      # forged or unsigned: fetching again cannot help
+                    break
+        self.failures += 1
+        return weights_pb2.UpdateResult(replica_id=self.replica_id, version=self.engine.weight_version, ok=False,
+                                        error=error, digest=self.digest, seconds=time.monotonic() - start)
+
+    def _fetch_and_load(self, manifest: weights_pb2.WeightManifest) -> int:
+        names = [e.name for e in manifest.tensors]
+        if manifest.data_plane_token and self._verifier is None:
+            raise SignatureError(f"weight version {manifest.version} comes over a plaintext data plane "
+                                 "(weight_sync.data_plane_tls false) and this replica holds no signing public key "
+                                 "to check it with")
+        tensors = self._receivers(manifest.transport)(manifest, self._token, self._timeout, self.replica_id)
+        got = [n for n, _ in tensors]
+        if got != names:                                                   # verify before touching the engine
+            raise WeightMismatchError(f"received {len(got)} tensors, manifest lists {len(names)} (or another order)")
+        if digest_of(tensors) != manifest.digest:
+            raise WeightMismatchError("received tensors do not hash to the manifest digest")
+        if self._verifier is not None:           # every transport: signature, then BLAKE3 of every tensor
+            verify_weights(manifest, tensors, self._verifier)
+        if manifest.adapter_only:  # LoRA: merge W_base + alpha/r * B @ A (rlfleet/services/rollout/engines/lora.py)
+            from rlfleet.services.rollout.engines.lora import LoraMerger
+            merger = self.__dict__.setdefault("_lora", LoraMerger(self.engine))
+            self._load(merger.merged(tensors, manifest.options), manifest.version)
+            self.digest = merger.record(tensors)
+            return sum(int(t.numel() * t.element_size()) for _, t in tensors)
+        self._load(with_aliases(tensors, manifest.options.get(TIED_OPTION, ""), engine_ties(self.engine)),
+                   manifest.version)
+        digest = held_digest(self.engine, names)
+        if digest != manifest.digest:
+            raise WeightMismatchError(f"engine digest {digest} != manifest digest {manifest.digest} after loading")
+        self.digest = digest
+        log.info("serving weight version %d (digest %s)", manifest.version, digest)
+        return sum(int(t.numel() * t.element_size()) for _, t in tensors)
+
+
+    def _load(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Pause (briefly), load, resume. retract: abort in-flight requests first (the work loop re-queues them)."""
+        pause = getattr(self.engine, "pause", None)
+        if pause is None:
+            self.engine.update_weights_from_tensor(tensors, version)
+            return
+        was_paused = bool(getattr(self.engine, "paused", False))
+        in_flight = pause()
+        try:
+            if self.pause_mode == "retract" and in_flight:
+                aborted = self.engine.abort_in_flight()
+                log.info("retracted %d in-flight requests for weight version %d", aborted, version)
+            self.engine.update_weights_from_tensor(tensors, version)
+        finally:
+            if not was_paused:
+                self.engine.resume()
+
+
+class TransportReceivers:
+    """`Receivers` for a replica: each transport's receiver is built once, at start-up, from the registry, and
+    reused. broadcast joins the trainer's group in the background, nixl registers staging memory for
+    `capacity_bytes`, disk_delta rebuilds versions from what the engine holds; those that need the control plane
+    are left out without one. A transport not set up here falls back to its stateless fetch (`default_receivers`).
+    """
+
+    def __init__(self, engine: WeightHolder, replica_id: str, control: grpc.Channel | None,
+                 transports: tuple[str, ...], capacity_bytes: int = 0, device: str = "cpu",
+                 join_seconds: float = 120.0) -> None:
+        setup = ReceiverSetup(replica_id=replica_id, holder=engine, control=control, capacity_bytes=capacity_bytes,
+                              device=device, join_seconds=join_seconds)
+        self.receivers: dict[str, Receiver] = {}
+        for name in transports:
+            plug = transport(name)
+            if plug.fetch is not None or (plug.needs_control and control is None):
+                continue
+            self.receivers[name] = plug.make_receiver(setup)
+
+    def __call__(self, name: str) -> Fetch:
+        receiver = self.receivers.get(name)
+        return receiver.fetch if receiver is not None else default_receivers(name)
+
+    def close(self) -> None:
+        for receiver in self.receivers.values():
+            receiver.close()
+
+
+def staging_capacity(engine: WeightHolder, bucket_bytes: int) -> int:
+    """Bytes of one NIXL staging slot for this engine's weights laid out in buckets (padding included)."""
+    from rlfleet.dtypes import dtype_name
+    from rlfleet.services.weight_sync.transports.layout import TensorSpec, plan
+
+    specs = [TensorSpec(n, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size())
+             for n, t in engine.named_weights()]
+    return plan(specs, bucket_bytes).total_bytes
+
+
+def subscribe_loop(channel: grpc.Channel, updater: WeightUpdater, stop: threading.Event,
+                   stream_seconds: float = 300.0) -> None:
+    """Follow WeightSync.Subscribe; apply each manifest newer than what the engine serves. Reconnects forever."""
+    stub = weight_sync_pb2_grpc.WeightSyncStub(channel)
+    backoff = 0.5
+    current: list[Any] = [None]
+
+    def cancel_on_stop() -> None:
+        stop.wait()
+        if current[0] is not None:
+            current[0].cancel()
+
+    threading.Thread(target=cancel_on_stop, name="subscribe-stop", daemon=True).start()
+    while not stop.is_set():
+        try:
+            request = weight_sync_pb2.SubscribeRequest(replica_id=updater.replica_id,
+                                                       have_version=updater.engine.weight_version,
+                                                       have_epoch=updater.epoch)
+            current[0] = call = stub.Subscribe(request, timeout=stream_seconds)
+            for manifest in call:
+                backoff = 0.5
+                if updater.newer(manifest):
+                    updater.apply(manifest)
+        except grpc.RpcError as exc:
+            if stop.is_set() or exc.code() == grpc.StatusCode.CANCELLED:
+                continue
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                log.info("WeightSync.Subscribe: %s; reconnecting in %.1fs", exc.code(), backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+            continue
+        stop.wait(backoff)                       # the server closed the stream: resubscribe

@@ -1,0 +1,252 @@
+"""The replica's work loop: Claim groups from the buffer, run the rollout function per group in a worker thread,
+Put every sample the moment it is yielded (retrying until the buffer has it), stop when the run is finished.
+
+Every Claim reply lists the replica's groups the buffer cancelled (over-sampled work no step can use): their engine
+requests are aborted at once, freeing batch slots and KV memory. With every slot busy the loop still long-polls Claim
+(max_groups 0) so a cancellation reaches it promptly; that poll is dropped the moment a slot frees."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+
+from rlfleet.protocols import DataSource, GroupTicket, RolloutContext, RolloutFn, iter_samples
+from rlfleet.sample import Sample, Status
+from rlfleet.services.rollout.context import GroupContext
+from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+ACCEPTED, DUPLICATE, CANCELLED, REFUSED, STOPPED = "accepted", "duplicate", "cancelled", "refused", "stopped"
+
+
+@dataclass(frozen=True)
+class WorkSettings:
+    replica_id: str
+    run_id: str
+    claim_groups: int
+    claim_wait: float = 2.0          # seconds Claim may block
+    put_wait: float = 5.0            # seconds Put may block on back-pressure
+    deadline_slack: float = 10.0     # added to each wait for the RPC deadline
+
+
+class SamplePutter:
+    """Put one sample; on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED keep it and retry with backoff."""
+
+    def __init__(self, stub: buffer_pb2_grpc.BufferStub, settings: WorkSettings, stop: threading.Event) -> None:
+        self._stub, self._s, self._stop = stub, settings, stop
+
+    def put(self, sample: Sample) -> bool:
+        return self.deliver(sample) in (ACCEPTED, DUPLICATE, CANCELLED)
+
+    def deliver(self, sample: Sample) -> str:
+        """ACCEPTED; DUPLICATE (the buffer no longer waits for this group: complete, dropped or re-issued and done
+        elsewhere); CANCELLED (the buffer cancelled the group: dropped, counted as aborted); REFUSED; or STOPPED (stop
+        was set while retrying)."""
+        msg = sample.to_proto()
+        backoff = 0.2
+        while True:
+            try:
+                reply = self._stub.Put(buffer_pb2.PutRequest(samples=[msg], wait_seconds=self._s.put_wait),
+                                       timeout=self._s.put_wait + self._s.deadline_slack)
+                if reply.accepted:
+                    return ACCEPTED
+                return CANCELLED if reply.cancelled else DUPLICATE if reply.duplicates else ACCEPTED
+            except grpc.RpcError as exc:
+                if exc.code() not in RETRYABLE:
+                    log.error("Put of sample %s refused (%s: %s); dropped", sample.sample_id, exc.code(),
+                              exc.details())
+                    return REFUSED
+                if self._stop.is_set():
+                    log.warning("stopping with sample %s not put (%s)", sample.sample_id, exc.code())
+                    return STOPPED
+                log.info("Put of %s: %s; retrying in %.1fs", sample.sample_id, exc.code(), backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+
+class WorkLoop:
+    def __init__(self, channel: grpc.Channel, engine: Engine, ctx: RolloutContext, data: DataSource,
+                 rollout_fn: RolloutFn, settings: WorkSettings, stop: threading.Event,
+                 on_sample: Callable[[Sample], None] = lambda s: None,
+                 epoch_of: Callable[[int], int] = lambda version: 0) -> None:
+        self._stub = buffer_pb2_grpc.BufferStub(channel)
+        self._epoch_of = epoch_of          # trainer epoch of an applied version (WeightUpdater.epoch_of)
+        self._engine, self._ctx, self._data, self._fn = engine, ctx, data, rollout_fn
+        self._s = settings
+        self._stop = stop
+        self._putter = SamplePutter(self._stub, settings, stop)
+        self._on_sample = on_sample
+        self._pool = ThreadPoolExecutor(max_workers=settings.claim_groups, thread_name_prefix="group")
+        self._in_flight: set[Future[None]] = set()
+        self._groups: dict[str, GroupContext] = {}      # group id -> its context (to abort its engine requests)
+        self._lock = threading.Lock()
+        self._slot_free = threading.Event()
+        self._restarted = True          # the first Claim re-queues what an earlier process of this replica held
+        self._draining = threading.Event()
+
+    @property
+    def in_flight_groups(self) -> int:
+        return len(self._in_flight)
+
+    def run(self) -> bool:
+        """Serve until Claim says the run is finished (True), or stop is set or a drain begins (False)."""
+        backoff = 0.5
+        while not (self._stop.is_set() or self._draining.is_set()):
+            free = max(0, self._s.claim_groups - self.in_flight_groups)
+            try:
+                reply = self._claim(free) if free else self._poll()
+                backoff = 0.5
+            except grpc.RpcError as exc:
+                log.info("Buffer.Claim: %s; retrying in %.1fs", exc.code(), backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            if reply is None:                        # a slot freed during the poll
+                continue
+            self.abort_cancelled(reply.cancelled)
+            if reply.finished:
+                aborted = self.abort_groups()
+                log.info("buffer says the run is finished%s",
+                         f"; {aborted} engine requests of unneeded groups aborted" if aborted else "")
+                return True
+            if free and not reply.tickets:
+                log.debug("no tickets: %s", reply.reason)
+                self._stop.wait(0.05)                # the buffer already waited; do not spin if it did not
+            for t in reply.tickets:
+                self._start(GroupTicket(group_id=t.group_id, prompt_index=t.prompt_index, group_size=t.group_size))
+        return False
+
+    def begin_drain(self) -> None:
+        """Claim no more work (run() returns); the groups in flight go on until drain() decides."""
+        self._draining.set()
+        self._slot_free.set()           # end a poll in progress at once
+
+    def drain(self, seconds: float) -> int:
+        """Let the groups in flight finish for up to `seconds`, then hand the rest back to the buffer: one Claim
+        that asks for nothing with `restarted` set re-queues every group this replica id holds, at once (their
+        late Puts are refused as superseded). Returns the number of groups handed back."""
+        deadline = time.monotonic() + seconds
+        while self.in_flight_groups and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.05)
+        left = self.in_flight_groups
+        if left:
+            self._restarted = True
+            try:
+                self._claim(0)
+            except grpc.RpcError as exc:
+                log.warning("drain: could not hand %d groups back (%s); the buffer re-queues them when their "
+                            "lease expires", left, exc.code())
+            self.abort_groups()
+        log.info("drained: %d groups handed back to the buffer", left)
+        return left
+
+    def _claim(self, max_groups: int) -> buffer_pb2.ClaimReply:
+        reply = self._stub.Claim(self._request(max_groups), timeout=self._s.claim_wait + self._s.deadline_slack)
+        self._restarted = False
+        return reply
+
+    def _poll(self) -> buffer_pb2.ClaimReply | None:
+        """Every slot is busy: wait in Claim (asking for no tickets) for a cancellation of this replica's groups, or
+        until a slot frees (then None: the poll is cancelled and the loop claims work at once). The buffer ends a poll
+        early only for cancellations no reply has listed yet, so a reply that arrived is never thrown away."""
+        self._slot_free.clear()
+        if self.in_flight_groups < self._s.claim_groups:
+            return None
+        wait = self._s.claim_wait
+        answered = threading.Event()                 # this call's own: a cancelled earlier poll cannot set it
+        call = self._stub.Claim.future(self._request(0), timeout=wait + self._s.deadline_slack)
+        call.add_done_callback(lambda _: answered.set())
+        end = time.monotonic() + wait + self._s.deadline_slack + 1.0
+        while not (answered.wait(0.05) or self._slot_free.is_set() or self._stop.is_set()
+                   or time.monotonic() > end):
+            pass
+        if call.done() and not call.cancelled():
+            return call.result()
+        call.cancel()
+        return None
+
+    def _request(self, max_groups: int) -> buffer_pb2.ClaimRequest:
+        return buffer_pb2.ClaimRequest(replica_id=self._s.replica_id, weight_version=self._engine.weight_version,
+                                       max_groups=max_groups, wait_seconds=self._s.claim_wait,
+                                       restarted=self._restarted)
+
+    def abort_cancelled(self, group_ids: Sequence[str]) -> int:
+        """Abort the engine requests of the groups the buffer cancelled (those this replica still runs)."""
+        with self._lock:
+            groups = [(gid, self._groups[gid]) for gid in group_ids if gid in self._groups]
+        fresh = [(gid, g) for gid, g in groups if not g.aborted]
+        aborted = sum(g.abort() for _, g in fresh)
+        if fresh:
+            log.info("buffer cancelled %d groups in flight (%s): %d engine requests aborted", len(fresh),
+                     ", ".join(gid for gid, _ in fresh[:8]), aborted)
+        return aborted
+
+    def abort_groups(self) -> int:
+        """Abort the engine requests of every group in flight (over-sampled work the run no longer needs)."""
+        with self._lock:
+            groups = list(self._groups.values())
+        return sum(g.abort() for g in groups)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _start(self, ticket: GroupTicket) -> None:
+        future = self._pool.submit(self._run_group, ticket)
+        with self._lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future[None]) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+        self._slot_free.set()
+
+    def _run_group(self, ticket: GroupTicket) -> None:
+        started = time.monotonic()
+        delivered: set[int] = set()
+        gctx = GroupContext(self._ctx, self._engine, ticket.group_id)
+        with self._lock:
+            self._groups[ticket.group_id] = gctx
+        try:
+            prompt = self._data[ticket.prompt_index]
+            for sample in iter_samples(self._fn(gctx, prompt, ticket)):
+                delivered.add(sample.index)
+                # DUPLICATE is not "group done": a re-issued group answers it for the indices its dead holder put.
+                self._emit(sample)
+        except Exception as exc:  # noqa: BLE001 - a failing rollout function fails its group, not the replica
+            if gctx.aborted:
+                log.info("group %s aborted (%s)", ticket.group_id, type(exc).__name__)
+            else:
+                log.warning("group %s (prompt %d): rollout raised %s: %s", ticket.group_id, ticket.prompt_index,
+                            type(exc).__name__, exc)
+                self._fail_rest(ticket, delivered, f"rollout_fn raised {type(exc).__name__}: {exc}")
+        finally:
+            with self._lock:
+                self._groups.pop(ticket.group_id, None)
+        log.debug("group %s: %d samples in %.2fs", ticket.group_id, len(delivered), time.monotonic() - started)
+
+    def _emit(self, sample: Sample) -> str:
+        sample.run_id = sample.run_id or self._s.run_id
+        sample.replica_id = sample.replica_id or self._s.replica_id
+        sample.weight_epoch = sample.weight_epoch or self._epoch_of(sample.weight_version)
+        outcome = self._putter.deliver(sample)
+        if outcome == ACCEPTED:
+            self._on_sample(sample)
+        return outcome
+
+    def _fail_rest(self, ticket: GroupTicket, delivered: set[int], reason: str) -> None:
+        """Put FAILED placeholders for the indices the rollout function did not deliver, so the group completes."""
+        for i in range(ticket.group_size):
+            if i not in delivered:
+                self._emit(Sample(group_id=ticket.group_id, index=i, group_size=ticket.group_size, prompt_ids=[],
+                                  response_ids=[], rollout_logprobs=[], status=Status.FAILED, status_reason=reason,
+                                  prompt_index=ticket.prompt_index, weight_version=self._engine.weight_version))

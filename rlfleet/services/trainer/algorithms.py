@@ -1,0 +1,118 @@
+"""Algorithm presets: trainer.algorithm names an (advantage, loss) pair; trainer.advantage / trainer.loss override.
+
+| preset                | advantage              | loss        | needs                                          |
+|-----------------------|------------------------|-------------|------------------------------------------------|
+| grpo                  | grpo                   | clipped_pg  | trainer.estimator.scale_rewards: group/batch/none |
+| rloo                  | rloo (leave-one-out)   | clipped_pg  |                                                |
+| drgrpo                | drgrpo (no std)        | drgrpo      | constant-normalised token sum                  |
+| gspo                  | grpo                   | gspo        | sequence-level ratio, trainer.gspo.clip        |
+| ppo                   | gae                    | clipped_pg  | the critic (trainer.critic)                    |
+| reinforce_pp          | reinforce_pp           | clipped_pg  | trainer.estimator.gamma (discount)             |
+| reinforce_pp_baseline | reinforce_pp_baseline  | clipped_pg  |                                                |
+| dapo                  | grpo                   | dapo        | buffer.filters: [dynamic_sampling]             |
+| distill               | distill (reverse KL)   | clipped_pg  | trainer.teacher.model_path                     |
+| sft                   | sft                    | sft         |                                                |
+
+DAPO over-samples through the buffer: buffer.over_sample issues up to ceil(over_sample * groups_per_step) groups
+per step up front, a group the dynamic_sampling filter drops frees its place for a replacement ticket, and once the
+step's batch is full the groups still in flight that no step can use are cancelled (their engine requests aborted),
+so every step gets groups_per_step informative groups without waiting on replacements one at a time.
+trainer.kl.coef > 0 wraps the loss in a KL penalty against the reference model (k1 / k2 / k3 / abs, "+" variants,
+optionally ratio-weighted), or with kl.in_reward puts -coef * KL(old || ref) into the per-token rewards the estimator
+reads. Every loss is wrapped in an EntropyTerm: the policy's entropy is a metric every step, and
+trainer.policy_loss.entropy_coef > 0 adds the entropy bonus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlfleet.config import TrainerConfig
+from rlfleet.plugins import PluginError, load_callable
+from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch
+from rlfleet.services.trainer.advantages import ADVANTAGES, TOKEN_REWARDS, Gae, Grpo, ReinforcePP
+from rlfleet.services.trainer.losses import LOSSES, EntropyTerm, kl_estimate, kl_penalized
+
+# preset -> (advantage name, loss name)
+PRESETS: dict[str, tuple[str, str]] = {
+    "grpo": ("grpo", "clipped_pg"),
+    "rloo": ("rloo", "clipped_pg"),
+    "drgrpo": ("drgrpo", "drgrpo"),
+    "gspo": ("grpo", "gspo"),
+    "ppo": ("gae", "clipped_pg"),
+    "reinforce_pp": ("reinforce_pp", "clipped_pg"),
+    "reinforce_pp_baseline": ("reinforce_pp_baseline", "clipped_pg"),
+    "dapo": ("grpo", "dapo"),
+    "distill": ("distill", "clipped_pg"),
+    "sft": ("sft", "sft"),
+}
+
+# advantages that need the trainer config
+ADVANTAGE_FACTORIES: dict[str, Callable[[TrainerConfig], AdvantageEstimator]] = {
+    "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam),
+    "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards),
+    "reinforce_pp": lambda cfg: ReinforcePP(cfg.estimator.gamma),
+}
+
+
+@dataclass(frozen=True)
+class KlInReward:
+    """verl's use_kl_in_reward: batch.extras["token_rewards"] -= coef * KL(old || ref) per valid token (no
+    gradient), then the inner estimator (which reads the per-token rewards) runs."""
+
+    inner: AdvantageEstimator
+    coef: float
+    estimator: str = "k3"
+
+    def __call__(self, batch: TrainBatch) -> torch.Tensor:
+        if batch.ref_logprobs is None or batch.old_logprobs is None:
+            raise ValueError("trainer.kl.in_reward needs reference and old logprobs (trainer.kl.coef > 0)")
+        with torch.no_grad():
+            kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.estimator.rstrip("+"))     # [S, T]
+        batch.extras[TOKEN_REWARDS] = -self.coef * kl * batch.response_mask.to(torch.float32)
+        return self.inner(batch)
+
+
+def resolve_advantage(name: str, cfg: TrainerConfig | None = None) -> AdvantageEstimator:
+    if name in ADVANTAGE_FACTORIES:
+        return ADVANTAGE_FACTORIES[name](cfg or TrainerConfig())
+    if name in ADVANTAGES:
+        return ADVANTAGES[name]
+    if ":" in name:
+        return load_callable(name, "advantage")
+    known = sorted([*ADVANTAGES, *ADVANTAGE_FACTORIES])
+    raise PluginError(f"advantage '{name}': not a built-in ({', '.join(known)}) "
+                      "nor a dotted path 'package.module:attribute'")
+
+
+def resolve_loss(name: str, cfg: TrainerConfig) -> LossFn:
+    if name in LOSSES:
+        return LOSSES[name](cfg)
+    if ":" in name:
+        return load_callable(name, "loss")
+    raise PluginError(f"loss '{name}': not a built-in ({', '.join(sorted(LOSSES))}) "
+                      "nor a dotted path 'package.module:attribute'")
+
+
+def resolve(cfg: TrainerConfig) -> tuple[AdvantageEstimator, LossFn]:
+    """The advantage estimator and loss for this trainer config; raises PluginError naming the bad field."""
+    if cfg.algorithm not in PRESETS:
+        raise PluginError(f"trainer.algorithm '{cfg.algorithm}': unknown preset (known: {', '.join(sorted(PRESETS))})")
+    adv_name, loss_name = PRESETS[cfg.algorithm]
+    advantage, loss = resolve_advantage(cfg.advantage or adv_name, cfg), resolve_loss(cfg.loss or loss_name, cfg)
+    if cfg.kl.coef > 0 and cfg.kl.in_reward:
+        advantage = KlInReward(advantage, cfg.kl.coef, cfg.kl.estimator)
+    elif cfg.kl.coef > 0:
+        loss = kl_penalized(loss, cfg.kl, cfg.policy_loss)
+    return advantage, EntropyTerm(loss, cfg.policy_loss.entropy_coef)
+
+
+def needs_critic(cfg: TrainerConfig) -> bool:
+    return (cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]) == "gae"
+
+
+def needs_teacher(cfg: TrainerConfig) -> bool:
+    return (cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]) == "distill"

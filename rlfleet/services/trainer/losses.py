@@ -1,0 +1,391 @@
+"""Policy losses, each an `rlfleet.protocols.LossFn`. Built-in: the clipped policy-gradient loss (GRPO, DAPO's
+clip-higher, PPO, REINFORCE++, RLOO, distillation) with verl's dual-clip, Dr. GRPO's constant-normalised sum, GSPO's
+sequence-level ratio, SFT, a KL penalty against the reference model and an entropy term wrapped around any of them.
+
+Aggregation (`trainer.policy_loss.agg`, verl's `loss_agg_mode`; TRL's `loss_type` names are aliases) is over the
+*global* batch, each rank returning its share so that the ranks' losses sum to the loss of the whole batch:
+- token-mean: sum over valid tokens / global valid tokens (TRL bnpo, dapo);
+- token-sum: sum over valid tokens;
+- seq-mean-token-sum: sum over sequences of the sequence's token sum / global sequences;
+- seq-mean-token-mean: sum over sequences of the sequence's token mean / global sequences (TRL grpo);
+- seq-mean-token-sum-norm: sum over valid tokens / (global sequences * max_tokens) (Dr. GRPO, TRL dr_grpo;
+  max_tokens = trainer.drgrpo.max_tokens, 0: the batch's T).
+The one rule for empty responses (rows without a valid token): they add nothing to any numerator, and every
+sequence-level denominator (the seq-mean modes, GSPO) counts only rows with at least one valid token
+(`policy_loss.empty_rows: exclude`, verl's convention); `include` counts every row (TRL's). The trainer puts the global
+counts in `batch.extras["seq_count"]` (rows with a valid token) and `batch.extras["row_count"]` (all rows).
+Metrics follow the same rule (this rank's share of a global mean): the trainer sums them over ranks.
+
+Clamps (verl's bounds by default): the log-ratio log(pi/pi_old) to +-policy_loss.log_ratio_clamp before exp, the
+rollout log-ratio the same, k3 to +-policy_loss.kl_clamp: no NaN or inf from extreme log-probs.
+
+Rollout correction against the rollout engine's logprobs (`trainer.tis`): truncated importance sampling (tis) or
+masked IS (icepop / mask: weight 0 outside [low, clip]), of the token ratio, the sequence ratio (product) or its
+geometric mean; metrics is_ratio_mean (the raw token ratio), tis_weight_mean / tis_weight_sq_mean (-> effective
+sample size, computed by the trainer), tis_clip_fraction (tokens truncated or masked), logprob_abs_diff =
+|old - rollout|, and for the sequence levels tis_seq_ratio_mean (the sequences' ratio, a global sequence mean).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlfleet.config import KlConfig, PolicyLossConfig, TisConfig, TrainerConfig
+from rlfleet.protocols import LossFn, LossOutput, TrainBatch
+from rlfleet.services.trainer.entropy import ENTROPY
+
+SEQ_COUNT = "seq_count"
+ROW_COUNT = "row_count"
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# TRL's loss_type names (same semantics) and rlfleet's former internal names
+AGG_ALIASES = {"bnpo": "token-mean", "dapo": "token-mean", "grpo": "seq-mean-token-mean",
+               "dr_grpo": "seq-mean-token-sum-norm", "token": "token-mean", "seq_sum_norm": "seq-mean-token-sum-norm"}
+LOG_RATIO_CLAMP = 20.0      # verl's SAFETY_BOUND / negative_approx_kl clamp
+KL_CLAMP = 10.0             # verl's low_var_kl clamp
+
+
+def canonical_agg(name: str) -> str:
+    mode = AGG_ALIASES.get(name, name)
+    if mode not in AGG_MODES:
+        raise ValueError(f"trainer.policy_loss.agg {name!r}: not one of {', '.join(AGG_MODES)} "
+                         f"(aliases {', '.join(sorted(AGG_ALIASES))})")
+    return mode
+
+
+def sequence_count(batch: TrainBatch, empty_rows: str) -> float:
+    """The global number of sequences a sequence-level mean divides by, under the empty-row rule (>= 1)."""
+    valid_rows = float((batch.response_mask.sum(1) > 0).sum())
+    if empty_rows == "include":
+        return max(float(batch.extras.get(ROW_COUNT, batch.response_mask.shape[0])), 1.0)
+    return max(float(batch.extras.get(SEQ_COUNT, valid_rows)), 1.0)
+
+
+def aggregate(per_token: torch.Tensor, batch: TrainBatch, token_count: float, mode: str = "token-mean",
+              empty_rows: str = "exclude", max_tokens: int = 0) -> torch.Tensor:
+    """per_token [S, T] -> this rank's share of the global aggregate over the valid tokens (see the module doc)."""
+    valid = batch.response_mask > 0                                                   # [S, T]
+    x = torch.where(valid, per_token.to(torch.float32), torch.zeros((), device=per_token.device))
+    if mode == "token-mean":
+        return x.sum() / max(float(token_count), 1.0)
+    if mode == "token-sum":
+        return x.sum()
+    seqs = sequence_count(batch, empty_rows)
+    if mode == "seq-mean-token-sum":
+        return x.sum() / seqs
+    if mode == "seq-mean-token-mean":
+        lengths = valid.sum(1).clamp(min=1).to(torch.float32)                          # [S]
+        return (x.sum(1) / lengths).sum() / seqs
+    if mode == "seq-mean-token-sum-norm":
+        return x.sum() / (seqs * float(max_tokens or batch.response_mask.shape[1] or 1))
+    raise ValueError(f"unknown aggregation {mode!r}")
+
+
+def importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, tis: TisConfig
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance weights of trainer vs rollout policy from log-probs (or summed / mean log-probs), elementwise.
+
+    old_logprobs, rollout_logprobs: [S, T] (or [S] for sequence-level weights). Returns (weights float32 without
+    grad, clipped bool), same shape. tis: w = min(exp(old - rollout), clip); icepop / mask: w = 1 where the ratio
+    is in [low, clip], else 0; none: w = 1. The log-ratio is clamped to +-20 first.
+    """
+    log_ratio = (old_logprobs.detach().float() - rollout_logprobs.float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)                                                      # [S, T]
+    if tis.mode == "tis":
+        clipped = ratio > tis.clip
+        return torch.clamp(ratio, max=tis.clip), clipped
+    if tis.mode in ("icepop", "mask"):
+        clipped = (ratio < tis.low) | (ratio > tis.clip)
+        return (~clipped).to(torch.float32), clipped
+    return torch.ones_like(ratio), torch.zeros_like(ratio, dtype=torch.bool)
+
+
+def rollout_weights(old: torch.Tensor, rollout: torch.Tensor, batch: TrainBatch, tis: TisConfig
+                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Per-token rollout-correction weights [S, T] (no grad), where they were truncated / masked [S, T], and the
+    sequence-level metrics. tis.level: token ratios, the sequence's product, or its geometric mean."""
+    if tis.level == "token":
+        weights, clipped = importance_weights(old, rollout, tis)
+        return weights, clipped, {}
+    valid = batch.response_mask > 0                                                   # [S, T]
+    zero = torch.zeros((), device=old.device)
+    diff = torch.where(valid, old.detach().float() - rollout.float(), zero).sum(1)    # [S] sum of log-ratios
+    if tis.level == "geometric":
+        diff = diff / valid.sum(1).clamp(min=1).to(torch.float32)
+    seq_w, seq_clipped = importance_weights(diff, torch.zeros_like(diff), tis)        # [S]
+    has = valid.any(1)
+    seqs = sequence_count(batch, "exclude")
+    seq_ratio = torch.exp(diff.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    metrics = {"tis_seq_ratio_mean": float(torch.where(has, seq_ratio, zero).sum() / seqs)}
+    shape = batch.response_mask.shape
+    return seq_w[:, None].expand(shape), seq_clipped[:, None].expand(shape), metrics
+
+
+def _old(logprobs: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    return batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+
+
+def _token_share(valid: torch.Tensor, denom: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [S, T] -> this rank's part of the global mean over valid tokens (denom = global valid tokens)."""
+    d = max(float(denom), 1.0)
+
+    def share(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(valid, x.to(torch.float32), torch.zeros((), device=x.device)).sum() / d
+
+    return share
+
+
+def off_policy_metrics(share: Callable[[torch.Tensor], torch.Tensor], old: torch.Tensor, rollout: torch.Tensor,
+                       weights: torch.Tensor, weight_clipped: torch.Tensor) -> dict[str, float]:
+    """Ratio statistics of the trainer's vs the rollout engine's policy, as shares of global means."""
+    log_ratio = (old.detach().float() - rollout.float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return {
+        "is_ratio_mean": float(share(torch.exp(log_ratio))),
+        "tis_weight_mean": float(share(weights)),
+        "tis_weight_sq_mean": float(share(weights * weights)),
+        "tis_clip_fraction": float(share(weight_clipped)),
+        "logprob_abs_diff": float(share((old.detach() - rollout).abs())),
+    }
+
+
+@dataclass(frozen=True)
+class ClippedPolicyLoss:
+    """PPO-style clipped surrogate with asymmetric clip range [1 - clip_low, 1 + clip_high] and verl's dual-clip,
+    times the rollout-correction weights, aggregated by `agg` (see the module doc).
+
+    r = exp(clamp(logp - old, +-log_ratio_clamp)); l = max(-A r, -A clip(r, 1 - low, 1 + high)); where A < 0 and
+    clip_ratio_c > 0 the loss is min(l, -A c), so a runaway ratio of a negative-advantage token stops at -A c and
+    gets no gradient. Metrics: pg_loss, ratio_mean, clip_fraction (either side), clip_fraction_low (r < 1 - low,
+    A < 0), clip_fraction_high (r > 1 + high, A > 0), dual_clip_fraction, ppo_kl = mean(old - logp).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    tis: TisConfig = TisConfig()
+    agg: str = "token-mean"
+    max_tokens: int = 0
+    clip_ratio_c: float = 3.0
+    log_ratio_clamp: float = LOG_RATIO_CLAMP
+    empty_rows: str = "exclude"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "agg", canonical_agg(self.agg))
+        if 0 < self.clip_ratio_c <= 1.0:
+            raise ValueError(f"trainer.policy_loss.clip_ratio_c must be > 1 (or 0: off), got {self.clip_ratio_c}")
+
+    def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
+                 token_count: float) -> LossOutput:
+        # logprobs, advantages, batch.*_logprobs, batch.response_mask: [S, T]
+        valid = batch.response_mask > 0                                                # [S, T] bool
+        old = _old(logprobs, batch)
+        share = _token_share(valid, token_count)                       # metrics: always global token means
+
+        log_ratio = torch.clamp(logprobs - old, -self.log_ratio_clamp, self.log_ratio_clamp)   # [S, T]
+        ratio = torch.exp(log_ratio)                                                   # [S, T]
+        unclipped = -advantages * ratio                                                # [S, T]
+        clipped = -advantages * torch.clamp(ratio, 1.0 - self.clip_low, 1.0 + self.clip_high)
+        per_token = torch.maximum(unclipped, clipped)                                  # [S, T]
+        negative = advantages < 0
+        dual = torch.zeros_like(valid)
+        if self.clip_ratio_c > 0:
+            cap = -advantages * self.clip_ratio_c                                      # [S, T]
+            dual = negative & (per_token > cap)
+            per_token = torch.where(negative, torch.minimum(per_token, cap), per_token)
+        weights, weight_clipped, seq_metrics = rollout_weights(old, batch.rollout_logprobs, batch, self.tis)
+        loss = aggregate(per_token * weights, batch, token_count, self.agg, self.empty_rows, self.max_tokens)
+        r = ratio.detach()
+        metrics = {
+            "pg_loss": float(loss.detach()),
+            "ratio_mean": float(share(r)),
+            "clip_fraction": float(share((clipped > unclipped).detach())),
+            "clip_fraction_low": float(share((r < 1.0 - self.clip_low) & negative)),
+            "clip_fraction_high": float(share((r > 1.0 + self.clip_high) & (advantages > 0))),
+            "dual_clip_fraction": float(share(dual.detach())),
+            "ppo_kl": float(share(-log_ratio.detach())),
+            **off_policy_metrics(share, old, batch.rollout_logprobs, weights, weight_clipped),
+            **seq_metrics,
+        }
+        return LossOutput(loss=loss, metrics=metrics)
+
+
+@dataclass(frozen=True)
+class GspoLoss:
+    """GSPO: one importance ratio per sequence, s_i = exp(mean_t(logp - old)), clipped to [1 - low, 1 + high];
+    loss = mean over the global batch's sequences of -min(s_i A_i, clip(s_i) A_i), A_i = the mean token advantage
+    (its own aggregation: seq-mean-token-mean; sequences counted by the empty-row rule).
+    TIS at sequence level: w_i = weight of exp(mean_t(old - rollout))."""
+
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+    tis: TisConfig = TisConfig()
+    empty_rows: str = "exclude"
+    log_ratio_clamp: float = LOG_RATIO_CLAMP
+
+    def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
+                 token_count: float) -> LossOutput:
+        m = batch.response_mask.to(torch.float32)                                     # [S, T]
+        valid = m > 0
+        lengths = m.sum(1)                                                            # [S]
+        has = lengths > 0                                                             # [S]
+        n = lengths.clamp(min=1)
+        old = _old(logprobs, batch)
+        zero = torch.zeros((), device=logprobs.device)
+        mean_of = lambda x: torch.where(valid, x.float(), zero).sum(1) / n            # noqa: E731 - [S, T] -> [S]
+        log_s = mean_of(logprobs - old).clamp(-self.log_ratio_clamp, self.log_ratio_clamp)   # [S]
+        seq_ratio = torch.exp(log_s)                                                  # [S]
+        adv = mean_of(advantages)                                                     # [S]
+        unclipped = -adv * seq_ratio
+        clipped = -adv * torch.clamp(seq_ratio, 1.0 - self.clip_low, 1.0 + self.clip_high)
+        per_seq = torch.maximum(unclipped, clipped)                                   # [S]
+        weights, weight_clipped = importance_weights(mean_of(old), mean_of(batch.rollout_logprobs), self.tis)
+        seqs = sequence_count(batch, self.empty_rows)
+        seq_share = lambda x: torch.where(has, x.float(), zero).sum() / seqs         # noqa: E731
+        loss = seq_share(per_seq * weights)
+        share = _token_share(valid, token_count)
+        tok_w, tok_clipped = importance_weights(old, batch.rollout_logprobs, self.tis)
+        metrics = {
+            "pg_loss": float(loss.detach()),
+            "ratio_mean": float(seq_share(seq_ratio.detach())),
+            "clip_fraction": float(seq_share((clipped > unclipped).detach())),
+            "ppo_kl": float(share(old - logprobs.detach())),
+            "seq_tis_weight_mean": float(seq_share(weights)),
+            "seq_tis_clip_fraction": float(seq_share(weight_clipped)),
+            **off_policy_metrics(share, old, batch.rollout_logprobs, tok_w, tok_clipped),
+        }
+        return LossOutput(loss=loss, metrics=metrics)
+
+
+@dataclass(frozen=True)
+class SftLoss:
+    """Next-token negative log-likelihood of the response tokens, a global token mean (advantages ignored)."""
+
+    def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
+                 token_count: float) -> LossOutput:
+        share = _token_share(batch.response_mask > 0, token_count)
+        loss = share(-logprobs)
+        return LossOutput(loss=loss, metrics={"nll": float(loss.detach())})
+
+
+KL_NAMES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str,
+                log_ratio_clamp: float = LOG_RATIO_CLAMP, kl_clamp: float = KL_CLAMP) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled tokens. [S, T] -> [S, T]
+
+    k1 (kl) = log(p/q); abs = |log(p/q)|; k2 (mse) = (log(p/q))^2 / 2; k3 (low_var_kl) = q/p - 1 - log(q/p) with
+    log(q/p) clamped to +-log_ratio_clamp and the result to +-kl_clamp (verl's bounds; unbiased, non-negative, low
+    variance). A trailing "+" (straight-through): the value of the estimator, the gradient of k2.
+    """
+    if estimator.endswith("+"):
+        value = kl_estimate(logprobs, ref_logprobs, estimator[:-1], log_ratio_clamp, kl_clamp)
+        k2 = kl_estimate(logprobs, ref_logprobs, "k2")
+        return k2 - k2.detach() + value.detach()
+    kind = KL_NAMES.get(estimator, estimator)
+    log_ratio = logprobs.float() - ref_logprobs.float()
+    if kind == "k1":
+        return log_ratio
+    if kind == "abs":
+        return log_ratio.abs()
+    if kind == "k2":
+        return 0.5 * log_ratio * log_ratio
+    if kind == "k3":
+        neg = torch.clamp(-log_ratio, -log_ratio_clamp, log_ratio_clamp)
+        return torch.clamp(torch.exp(neg) - 1.0 - neg, -kl_clamp, kl_clamp)
+    raise ValueError(f"unknown KL estimator {estimator!r} (k1/kl, k2/mse, k3/low_var_kl, abs, each with a '+')")
+
+
+@dataclass(frozen=True)
+class KlPenalizedLoss:
+    """inner loss + coef * global token mean of the KL estimate against batch.ref_logprobs.
+
+    ratio_weighted (TRL's use_bias_correction_kl): each token's KL times the ratio pi/pi_old (with its gradient), the
+    importance correction for tokens sampled from pi_old."""
+
+    inner: LossFn
+    coef: float
+    estimator: str = "k3"
+    ratio_weighted: bool = False
+    log_ratio_clamp: float = LOG_RATIO_CLAMP
+    kl_clamp: float = KL_CLAMP
+
+    def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
+                 token_count: float) -> LossOutput:
+        out = self.inner(logprobs, advantages, batch, token_count)
+        if batch.ref_logprobs is None:
+            raise ValueError("a KL penalty needs reference logprobs (trainer.kl.coef > 0 loads the reference model)")
+        share = _token_share(batch.response_mask > 0, token_count)
+        per_token = kl_estimate(logprobs, batch.ref_logprobs, self.estimator, self.log_ratio_clamp, self.kl_clamp)
+        metrics = {"kl": float(share(per_token.detach()))}
+        if self.ratio_weighted:
+            log_ratio = torch.clamp(logprobs - _old(logprobs, batch), -self.log_ratio_clamp, self.log_ratio_clamp)
+            per_token = per_token * torch.exp(log_ratio)
+        kl = share(per_token)
+        return LossOutput(loss=out.loss + self.coef * kl, metrics={**out.metrics, **metrics})
+
+
+@dataclass(frozen=True)
+class EntropyTerm:
+    """inner loss - coef * global token mean of the policy's entropy (from the logits: batch.extras["entropy"]
+    [S, T], filled by the forward); reports "entropy" as a metric whenever the forward provided it."""
+
+    inner: LossFn
+    coef: float = 0.0
+
+    def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
+                 token_count: float) -> LossOutput:
+        out = self.inner(logprobs, advantages, batch, token_count)
+        entropy = batch.extras.get(ENTROPY)
+        if not isinstance(entropy, torch.Tensor) or entropy.shape != batch.response_mask.shape:
+            if self.coef > 0:
+                raise ValueError("trainer.policy_loss.entropy_coef > 0 needs the forward's entropy "
+                                 "(this backend does not provide it)")
+            return out
+        mean = _token_share(batch.response_mask > 0, token_count)(entropy)
+        loss = out.loss - self.coef * mean if self.coef > 0 else out.loss
+        return LossOutput(loss=loss, metrics={**out.metrics, "entropy": float(mean.detach())})
+
+
+def _clipped(cfg: TrainerConfig, clip_high: float, agg: str) -> ClippedPolicyLoss:
+    p: PolicyLossConfig = cfg.policy_loss
+    return ClippedPolicyLoss(clip_low=cfg.clip_low, clip_high=clip_high, tis=cfg.tis, agg=p.agg or agg,
+                             max_tokens=cfg.drgrpo.max_tokens, clip_ratio_c=p.clip_ratio_c,
+                             log_ratio_clamp=p.log_ratio_clamp, empty_rows=p.empty_rows)
+
+
+def clipped_pg(cfg: TrainerConfig) -> LossFn:
+    return _clipped(cfg, cfg.clip_high, "token-mean")
+
+
+def dapo(cfg: TrainerConfig) -> LossFn:
+    """DAPO: token-level clipped loss with clip-higher (1 - clip_low, 1 + dapo.clip_high)."""
+    return _clipped(cfg, cfg.dapo.clip_high, "token-mean")
+
+
+def drgrpo(cfg: TrainerConfig) -> LossFn:
+    return _clipped(cfg, cfg.clip_high, "seq-mean-token-sum-norm")
+
+
+def gspo(cfg: TrainerConfig) -> LossFn:
+    agg = cfg.policy_loss.agg
+    if agg is not None and canonical_agg(agg) != "seq-mean-token-mean":
+        raise ValueError(f"trainer.loss gspo aggregates seq-mean-token-mean; trainer.policy_loss.agg {agg!r} "
+                         "does not apply to it")
+    return GspoLoss(clip_low=cfg.gspo.clip[0], clip_high=cfg.gspo.clip[1], tis=cfg.tis,
+                    empty_rows=cfg.policy_loss.empty_rows, log_ratio_clamp=cfg.policy_loss.log_ratio_clamp)
+
+
+def sft(cfg: TrainerConfig) -> LossFn:
+    return SftLoss()
+
+
+def kl_penalized(loss: LossFn, kl: KlConfig, p: PolicyLossConfig) -> LossFn:
+    return KlPenalizedLoss(loss, kl.coef, kl.estimator, kl.ratio_weighted, p.log_ratio_clamp, p.kl_clamp)
+
+
+# built-in loss name -> factory taking the trainer config
+LOSSES: dict[str, Callable[[TrainerConfig], LossFn]] = {
+    "clipped_pg": clipped_pg, "dapo": dapo, "drgrpo": drgrpo, "gspo": gspo, "sft": sft,
+}

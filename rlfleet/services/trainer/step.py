@@ -1,0 +1,174 @@
+"""One optimizer step on this rank's share of a batch: old logprobs (and reference / teacher logprobs, critic
+values), advantages, loss, backward, clip, AdamW (and the critic's update for PPO)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch
+from rlfleet.sample import Sample
+from rlfleet.services.trainer.advantages import ALL_REDUCE_SUM, RETURNS
+from rlfleet.services.trainer.batch import batch_to, build_train_batch, forward_logprobs, select_rows
+from rlfleet.services.trainer.collectives import all_reduce_sum
+from rlfleet.services.trainer.entropy import ENTROPY_GRAD
+from rlfleet.services.trainer.hooks import call_hooks
+from rlfleet.services.trainer.losses import ROW_COUNT, SEQ_COUNT
+from rlfleet.services.trainer.routing_replay import RoutingReplay
+from rlfleet.services.trainer.token_versions import version_sums, version_totals
+
+log = logging.getLogger(__name__)
+
+# (model, batch, temperature) -> response logprobs [S, T]; the backend's (packed or padded) forward
+ForwardFn = Callable[[torch.nn.Module, TrainBatch, float], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step needs besides the model: plugins, hooks and knobs."""
+
+    advantage_fn: AdvantageEstimator
+    loss_fn: LossFn
+    hooks: Sequence[Any]
+    temperature: float
+    minibatches: int
+    grad_clip: float
+    world_size: int
+    device: torch.device
+    pad_id: int = 0
+    routing_replay: RoutingReplay | None = None     # trainer.routing_replay: set by the backend on its model
+    forward: ForwardFn | None = None  # None: padded rows (rlfleet.services.trainer.batch.forward_logprobs)
+    reference: Any | None = None                    # FrozenScorer: batch.ref_logprobs (KL penalty)
+    teacher: Any | None = None                      # FrozenScorer: batch.teacher_logprobs (distillation)
+    critic: Any | None = None                       # Critic: batch.values, trained per minibatch (PPO)
+    entropy_grad: bool = False                      # the loss's entropy bonus needs the forward's entropy graph
+    # one optimizer step per batch (minibatches 1): old logprobs = the training forward's, detached (one pass)
+    single_pass: bool = True
+
+
+def _select_rows(batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:
+    # rows: [S'] indices into the batch; returns the sub-batch and its advantages [S', T]
+    return select_rows(batch, rows), advantages[rows]
+
+
+def _logprobs(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -> torch.Tensor:
+    if ctx.forward is not None and ctx.routing_replay is None:     # packing keeps no per-row routes layout
+        return ctx.forward(model, batch, ctx.temperature)
+    return forward_logprobs(model, batch, ctx.temperature, ctx.routing_replay)
+
+
+def effective_sample_size(metrics: Mapping[str, float]) -> float | None:
+    """Normalised ESS of the importance weights, (E w)^2 / E w^2 in (0, 1], from global token means."""
+    mean, sq = metrics.get("tis_weight_mean"), metrics.get("tis_weight_sq_mean")
+    if mean is None or sq is None or sq <= 0:
+        return None
+    return mean * mean / sq
+
+
+def uses_single_pass(ctx: StepContext) -> bool:
+    """True when the batch feeds exactly one optimizer step, so the policy that computed old logprobs is the one
+    being trained: old == current, and the no-grad forward would only repeat the training forward. A hook that
+    must see old logprobs before the training forward says so with `needs_old_logprobs = True`."""
+    return ctx.single_pass and ctx.minibatches == 1 and \
+        not any(getattr(h, "needs_old_logprobs", False) for h in ctx.hooks)
+
+
+def prepare_batch(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext,
+                  old_logprobs: bool = True) -> torch.Tensor | None:
+    """Fill old / reference / teacher logprobs and critic values; return advantages [S, T]. Collective.
+
+    old_logprobs False (single pass): leave batch.old_logprobs unset and return None; the caller fills them from
+    the training forward and then computes the advantages (some estimators, e.g. distill, read them)."""
+    call_hooks(ctx.hooks, "before_logprobs", batch)
+    model.train()
+    if old_logprobs:
+        with torch.no_grad():
+            batch.old_logprobs = _logprobs(model, batch, ctx)                              # [S, T]
+    if ctx.reference is not None:
+        batch.ref_logprobs = ctx.reference(batch, ctx.temperature)                         # [S, T]
+    if ctx.teacher is not None:
+        batch.teacher_logprobs = ctx.teacher(batch, ctx.temperature)                       # [S, T]
+    if ctx.critic is not None:
+        batch.values = ctx.critic.values(batch)                                            # [S, T]
+    batch.extras[ALL_REDUCE_SUM] = partial(all_reduce_sum, device=ctx.device)
+    if not old_logprobs:
+        return None
+    return ctx.advantage_fn(batch).to(torch.float32)                                       # [S, T]
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_grad: Callable[[float], float],
+               groups: Sequence[Sequence[Sample]], step: int, ctx: StepContext) -> dict[str, float]:
+    """Train on this rank's groups (collective: every rank calls it with the same number of groups).
+
+    Returns metrics summed over ranks (loss metrics are global token means), averaged over minibatches.
+    """
+    if len(groups) % ctx.minibatches:
+        raise ValueError(f"{len(groups)} groups per rank do not split into trainer.minibatches={ctx.minibatches}")
+    samples = [s for g in groups for s in g]
+    batch = build_train_batch(samples, ctx.pad_id, routes=ctx.routing_replay is not None)
+    batch = batch_to(batch, ctx.device)
+    batch.extras[ENTROPY_GRAD] = ctx.entropy_grad
+    one_pass = uses_single_pass(ctx)
+    advantages = prepare_batch(model, batch, ctx, old_logprobs=not one_pass)               # [S, T] or None
+    bounds = row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
+    totals: dict[str, float] = {}
+    for lo, hi in bounds:
+        if one_pass:                     # the whole batch is the minibatch
+            mb = batch
+        else:
+            assert advantages is not None
+            mb, mb_adv = _select_rows(batch, torch.arange(lo, hi, device=ctx.device), advantages)
+        counts = all_reduce_sum([float(mb.response_mask.sum()), float(hi - lo),
+                                 float((mb.response_mask.sum(1) > 0).sum())], ctx.device)
+        token_count = counts[0]
+        mb.extras[ROW_COUNT], mb.extras[SEQ_COUNT] = counts[1], counts[2]
+        logprobs = _logprobs(model, mb, ctx)                                               # [S', T]
+        if one_pass:
+            mb.old_logprobs = logprobs.detach()                                            # [S, T]
+            mb_adv = ctx.advantage_fn(mb).to(torch.float32)                                # [S, T]
+        out = ctx.loss_fn(logprobs, mb_adv, mb, token_count)
+        # FSDP averages gradients over ranks; the loss is already this rank's share of the global mean.
+        (out.loss * ctx.world_size).backward()
+        call_hooks(ctx.hooks, "before_step", step, mb)
+        grad_norm = clip_grad(ctx.grad_clip)          # global norm: every rank takes the same branch
+        if math.isfinite(grad_norm):
+            optimizer.step()
+        else:
+            log.warning("step %d: gradient norm is %s; optimizer step skipped", step, grad_norm)
+            totals["skipped_updates"] = totals.get("skipped_updates", 0.0) + 1.0
+            grad_norm = 0.0
+        optimizer.zero_grad(set_to_none=True)
+        metrics = {k: float(v) for k, v in out.metrics.items()}
+        if ctx.critic is not None:
+            metrics.update(ctx.critic.train_minibatch(mb, mb.extras[RETURNS], token_count, ctx.world_size,
+                                                      ctx.grad_clip))
+        names = sorted(metrics)
+        summed = all_reduce_sum([float(out.loss.detach())] + [metrics[k] for k in names], ctx.device)
+        mb_totals = dict(zip(["loss", *names], summed, strict=True))
+        ess = effective_sample_size(mb_totals)
+        if ess is not None:
+            mb_totals["ess"] = ess
+        for key, value in mb_totals.items():
+            totals[key] = totals.get(key, 0.0) + value / len(bounds)     # mean over minibatches
+        totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm / len(bounds)
+    counts = all_reduce_sum([float(len(samples)), float(batch.response_mask.sum()), float(batch.rewards.sum())],
+                            ctx.device)
+    totals.update(samples=counts[0], tokens=counts[1], reward_mean=counts[2] / max(counts[0], 1.0))
+    totals.update(version_totals(all_reduce_sum(version_sums(batch), ctx.device)))
+    return totals
+
+
+def row_bounds(group_sizes: Sequence[int], groups_per_mb: int, count: int) -> list[tuple[int, int]]:
+    """Row ranges [lo, hi) of each minibatch, which holds groups_per_mb whole groups."""
+    bounds, lo = [], 0
+    for i in range(count):
+        hi = lo + sum(group_sizes[i * groups_per_mb:(i + 1) * groups_per_mb])
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds

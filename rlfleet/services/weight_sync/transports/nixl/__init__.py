@@ -1,0 +1,28 @@
+"""The NIXL transport: trainer ranks WRITE buckets into staging memory each replica registered (agent.py holds the
+few NIXL calls; sender.py, receiver.py). Importing it needs no nixl; building either half does."""
+
+from __future__ import annotations
+
+from rlfleet.services.weight_sync.transports.contract import Receiver, ReceiverSetup, Sender, SenderSetup, Transport
+
+
+def make_sender(setup: SenderSetup) -> Sender:
+    from rlfleet.services.weight_sync.transports.nixl.sender import NixlSender
+    from rlfleet.services.weight_sync.transports.peers import PeerDirectory
+
+    if setup.control is None:
+        raise ValueError("the nixl transport needs the weight_sync control plane (endpoints.weight_sync)")
+    return NixlSender(PeerDirectory(setup.control).peers, setup.bucket_bytes, setup.rank, setup.world, setup.device,
+                      expected_replicas=setup.replicas, wait_seconds=setup.join_seconds, timeout=setup.timeout)
+
+
+def make_receiver(setup: ReceiverSetup) -> Receiver:
+    from rlfleet.services.weight_sync.transports.nixl.receiver import NixlReceiver
+    from rlfleet.services.weight_sync.transports.peers import PeerDirectory
+
+    if setup.control is None:
+        raise ValueError("the nixl transport needs the weight_sync control plane (endpoints.weight_sync)")
+    return NixlReceiver(setup.replica_id, setup.capacity_bytes, PeerDirectory(setup.control).register, setup.device)
+
+
+TRANSPORT = Transport("nixl", make_sender, make_receiver, needs_control=True)
