@@ -23,6 +23,7 @@ from rlfleet.plugins import load_callable
 from rlfleet.ports import free_ports
 from rlfleet.preflight import check_run
 from rlfleet.processes import Child, exit_reason, stop_together
+from rlfleet.protocols import ModelPrepareFn
 from rlfleet.report import MetricsTail, Progress, format_summary, reward_curve, summarize
 from rlfleet.rpc import channel, wait_healthy
 from rlfleet.scaling import ReplicaStatus, read_request, write_status
@@ -100,7 +101,7 @@ def prepare_model(cfg: Config) -> Config:
         data["model"]["path"] = str(out.resolve())
         cfg = Config.model_validate(data)
     if cfg.model.prepare:
-        prepare = load_callable(cfg.model.prepare, "model.prepare", arity=2)
+        prepare = load_callable(cfg.model.prepare, "model.prepare", ModelPrepareFn)
         log.info("preparing model folder %s with %s", cfg.model_path, cfg.model.prepare)
         prepare(str(cfg.model_path), cfg.run.seed)
     if not (cfg.model_path / "config.json").exists():

@@ -13,7 +13,7 @@ import sys
 
 from rlfleet.config import Config
 from rlfleet.plugins import PluginError, load_callable, load_hooks
-from rlfleet.protocols import DataSource
+from rlfleet.protocols import AdvantageEstimator, DataSource, LossFn, ModelPrepareFn, RolloutFn, SampleFilter
 
 
 def plugin_import_path() -> str:
@@ -91,14 +91,15 @@ def check_run(cfg: Config) -> None:
 def check_plugins(cfg: Config) -> None:
     """Import and check every dotted path and name in cfg; raise PluginError naming the first one that fails."""
     check_rewards(cfg)
-    load_callable(cfg.rollout.rollout_fn, "rollout_fn")
+    load_callable(cfg.rollout.rollout_fn, "rollout.rollout_fn", RolloutFn)
     check_data(cfg)
     if cfg.model.prepare:
-        load_callable(cfg.model.prepare, "model.prepare", arity=2)
+        load_callable(cfg.model.prepare, "model.prepare", ModelPrepareFn)
     for path in cfg.buffer.filters:
         if ":" in path:
-            load_callable(path, "sample_filter")
-    for what, plugin in (("advantage", cfg.trainer.advantage), ("loss", cfg.trainer.loss)):
-        if plugin and ":" in plugin:
-            load_callable(plugin, what)
+            load_callable(path, "buffer.filters", SampleFilter)
+    if cfg.trainer.advantage and ":" in cfg.trainer.advantage:
+        load_callable(cfg.trainer.advantage, "trainer.advantage", AdvantageEstimator)
+    if cfg.trainer.loss and ":" in cfg.trainer.loss:
+        load_callable(cfg.trainer.loss, "trainer.loss", LossFn)
     load_hooks(list(cfg.trainer.hooks))

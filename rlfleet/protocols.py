@@ -1,6 +1,7 @@
 """Plugin contracts. User code implements these and is named in the config by dotted path.
 
-Every contract is a Protocol (checked at start-up by rlfleet.plugins) or a frozen dataclass.
+Every contract is a Protocol or a frozen dataclass. A plugin is checked at start-up against its Protocol's own
+`__call__` (rlfleet.plugins reads the signature from here: these Protocols are the single source of truth).
 Tensor shapes: S = samples in a batch, T = response tokens (padded), G = groups.
 """
 
@@ -44,7 +45,9 @@ class DataSourceFactory(Protocol):
 
 
 class RewardFn(Protocol):
-    """Score one finished sample. Return a float, or named parts (their sum, or the part 'total')."""
+    """Score one finished sample. Return a float, or named parts (their sum, or the part 'total').
+
+    Further required parameters of an implementation are the dataset's other columns, passed by keyword."""
 
     def __call__(self, prompt: Prompt, completion: str, sample: Sample) -> float | Mapping[str, float]: ...
 
@@ -164,7 +167,14 @@ class TrainerHooks(Protocol):
     def after_save(self, step: int, path: str) -> None: ...
 
 
-HOOK_NAMES: tuple[str, ...] = ("after_model_init", "before_logprobs", "before_step", "after_save")
+HOOK_NAMES: tuple[str, ...] = tuple(name for name, value in vars(TrainerHooks).items()
+                                    if not name.startswith("_") and callable(value))
+
+
+class ModelPrepareFn(Protocol):
+    """model.prepare: build the Hugging Face model folder model_dir (config.json, safetensors) at start-up."""
+
+    def __call__(self, model_dir: str, seed: int) -> None: ...
 
 
 def reward_total(value: float | Mapping[str, float]) -> tuple[float, dict[str, float]]:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlfleet.protocols import Prompt, reward_total
+from rlfleet.protocols import Prompt, RewardFn, reward_total
 
 RESERVED = ("prompt", "completion", "sample", "prompts", "completions", "samples")
 
@@ -141,7 +141,7 @@ class Scorer:
 
 def resolve_reward(name: str, args: Mapping[str, Any], what: str = "reward_fn") -> Callable[..., Any]:
     """A stock reward name with its options, or a dotted path (a factory called with args when args are given)."""
-    from rlfleet.plugins import PluginError, import_attr, load_factory
+    from rlfleet.plugins import PluginError, check_signature, import_attr, load_factory
     from rlfleet.rewards.stock import STOCK
 
     if ":" not in name:
@@ -166,30 +166,9 @@ def resolve_reward(name: str, args: Mapping[str, Any], what: str = "reward_fn") 
         fn = import_attr(name, what)
         if not callable(fn):
             raise PluginError(f"{what} '{name}': {type(fn).__name__} is not callable")
-    check_signature(fn, name, what)
+    # RewardFn's positional parameters; the function's further required ones are dataset columns, by keyword
+    check_signature(fn, RewardFn, what, name, columns_as_keywords=True)
     return fn
-
-
-def check_signature(fn: Callable[..., Any], name: str, what: str) -> None:
-    """fn must take (prompt, completion, sample) positionally; its other required parameters are dataset columns,
-    passed by keyword."""
-    from rlfleet.plugins import PluginError
-
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    params = list(sig.parameters.values())
-    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
-                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    required_kw = {p.name: None for p in positional[3:] + [p for p in params if p.kind is
-                                                           inspect.Parameter.KEYWORD_ONLY]
-                   if p.default is inspect.Parameter.empty}
-    try:
-        sig.bind(None, None, None, **required_kw)
-    except TypeError as exc:
-        raise PluginError(f"{what} '{name}': signature {sig} does not accept (prompt, completion, sample) "
-                          f"({exc})") from None
 
 
 def load_scorer(name: str, args: Mapping[str, Any], timeout: float, what: str = "reward_fn") -> Scorer:

@@ -120,7 +120,7 @@ def test_dynamic_sampling() -> None:
     assert dynamic_sampling([S(1.0), S(1.0)]) is not None
     assert dynamic_sampling([S(1.0), S(0.0)]) is None
     assert [f.name for f in load_filters(["dynamic_sampling"])] == ["dynamic_sampling"]
-    with pytest.raises(ValueError, match="sample_filter"):
+    with pytest.raises(ValueError, match="buffer.filters"):
         load_filters(["no_such_module_xyz:f"])
 
 

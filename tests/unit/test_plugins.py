@@ -9,13 +9,15 @@ import pytest
 from rlfleet.config import load_config
 from rlfleet.plugins import PluginError, load_callable, load_factory, load_hooks
 from rlfleet.preflight import check_plugins
+from rlfleet.protocols import RewardFn
+from rlfleet.rewards.scorer import resolve_reward
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "addition" / "config.yaml"
 
 
 def test_loads_example_reward() -> None:
-    fn = load_callable("examples.addition.reward:exact_match", "reward_fn")
+    fn = resolve_reward("examples.addition.reward:exact_match", {}, "rollout.reward_fn")
     from examples.addition.data import train_prompts
 
     p = train_prompts()[0]
@@ -27,11 +29,11 @@ def test_loads_example_reward() -> None:
     ("examples.addition.reward:exact", "has no attribute 'exact'"),
     ("examples.addition.reward", "expected 'package.module:attribute'"),
     ("examples.addition.data:_ALL", "is not callable"),
-    ("examples.addition.data:train_prompts", "does not accept 3 positional arguments"),
+    ("examples.addition.data:train_prompts", "does not fit RewardFn(prompt: Prompt, completion: str, sample: Sample)"),
 ])
 def test_reward_plugin_errors(path: str, expected: str) -> None:
     with pytest.raises(PluginError) as info:
-        load_callable(path, "reward_fn")
+        load_callable(path, "rollout.reward_fn", RewardFn)
     assert expected in str(info.value) and path in str(info.value) and "reward_fn" in str(info.value)
 
 
@@ -39,7 +41,7 @@ def test_module_that_raises_on_import(tmp_path: Path, monkeypatch: pytest.Monkey
     (tmp_path / "broken_plugin.py").write_text("import does_not_exist_anywhere\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(PluginError, match="ModuleNotFoundError: No module named 'does_not_exist_anywhere'"):
-        load_callable("broken_plugin:f", "reward_fn")
+        load_callable("broken_plugin:f", "rollout.reward_fn", RewardFn)
 
 
 def test_factory_keyword_errors() -> None:

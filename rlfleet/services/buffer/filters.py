@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlfleet.plugins import load_callable
+from rlfleet.protocols import SampleFilter
 
 
 def dynamic_sampling(group: Sequence[Any]) -> str | None:
@@ -37,5 +38,5 @@ def load_filters(specs: Sequence[str]) -> list[GroupFilter]:
         if spec in BUILTIN:
             out.append(GroupFilter(spec, BUILTIN[spec], needs_samples=False))
         else:
-            out.append(GroupFilter(spec, load_callable(spec, "sample_filter"), needs_samples=True))
+            out.append(GroupFilter(spec, load_callable(spec, "buffer.filters", SampleFilter), needs_samples=True))
     return out

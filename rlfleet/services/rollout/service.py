@@ -62,7 +62,7 @@ class Plugins:
 def load_plugins(cfg: Config) -> Plugins:
     """Raises PluginError (its message names the plugin) when one cannot be imported or does not fit."""
     scorer = load_scorer(cfg.rollout.reward_fn, cfg.rollout.reward_args, cfg.rollout.reward_timeout)
-    rollout_fn = load_callable(cfg.rollout.rollout_fn, "rollout_fn")
+    rollout_fn = load_callable(cfg.rollout.rollout_fn, "rollout.rollout_fn", RolloutFn)
     try:
         data = rollout_source(cfg)
     except DataError as exc:

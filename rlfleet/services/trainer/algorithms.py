@@ -82,7 +82,7 @@ def resolve_advantage(name: str, cfg: TrainerConfig | None = None) -> AdvantageE
     if name in ADVANTAGES:
         return ADVANTAGES[name]
     if ":" in name:
-        return load_callable(name, "advantage")
+        return load_callable(name, "trainer.advantage", AdvantageEstimator)
     known = sorted([*ADVANTAGES, *ADVANTAGE_FACTORIES])
     raise PluginError(f"advantage '{name}': not a built-in ({', '.join(known)}) "
                       "nor a dotted path 'package.module:attribute'")
@@ -92,7 +92,7 @@ def resolve_loss(name: str, cfg: TrainerConfig) -> LossFn:
     if name in LOSSES:
         return LOSSES[name](cfg)
     if ":" in name:
-        return load_callable(name, "loss")
+        return load_callable(name, "trainer.loss", LossFn)
     raise PluginError(f"loss '{name}': not a built-in ({', '.join(sorted(LOSSES))}) "
                       "nor a dotted path 'package.module:attribute'")
 
