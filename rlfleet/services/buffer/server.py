@@ -1,9 +1,9 @@
-"""Wire the buffer together from a config: store, filters, metrics, gRPC server. Runs until SIGTERM."""
+"""Wire the buffer together from a config: store, filters, metrics, gRPC server (SPEC, run by
+rlfleet.service_skeleton.run_service). Runs until SIGTERM."""
 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 
@@ -12,14 +12,15 @@ from prometheus_client import CollectorRegistry
 
 from rlfleet.committed_ids import committed_after
 from rlfleet.config import Config
-from rlfleet.exit_codes import GAVE_UP
+from rlfleet.exit_codes import FAILED, GAVE_UP
 from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
 from rlfleet.rpc import Server
 from rlfleet.sample_limits import model_limits
 from rlfleet.security.identity import Credential
 from rlfleet.security.scrub import redis_url_with_credentials
-from rlfleet.service_main import listen_address, parse_service_args, serve_until, stop_on_signals
+from rlfleet.service_main import ServiceArgs, listen_address, serve_until
+from rlfleet.service_skeleton import Outcome, ServiceSpec, StartError
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.filters import load_filters
 from rlfleet.services.buffer.service import SERVICE, BufferService, add_to_server
@@ -81,42 +82,52 @@ def watch_health(core: BufferCore, server: Server, stop: threading.Event, every:
     return thread
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_service_args("buffer", argv)
-    cfg = args.config
-    if args.redis_auth.get("RLFLEET_REDIS_PASSWORD_FILE"):     # the chart's ACL user; the password stays in memory
-        url = redis_url_with_credentials(cfg.buffer.redis_url, args.redis_auth.get("RLFLEET_REDIS_USERNAME"),
-                                         args.redis_auth["RLFLEET_REDIS_PASSWORD_FILE"])
-        cfg = cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"redis_url": url})})
-    registry = CollectorRegistry()
-    try:
-        core = build_core(cfg, registry)
-    except (StoreError, PluginError, RuntimeError) as exc:
-        print(f"buffer: cannot start: {exc}", file=sys.stderr)
-        return 1
-    stop = stop_on_signals()
-    bind = listen_address(cfg.endpoints.buffer, args.listen)
-    server = start_server(core, bind, args.token)
-    serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
-    jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
-    log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, server.port)
+class BufferServer:
+    """The running buffer (a rlfleet.service_skeleton.Service): store and core, gRPC server, metrics, health watch."""
 
-    def write_stats() -> None:
+    def __init__(self, args: ServiceArgs) -> None:
+        cfg = args.config
+        if args.redis_auth.get("RLFLEET_REDIS_PASSWORD_FILE"):   # the chart's ACL user; the password stays in memory
+            url = redis_url_with_credentials(cfg.buffer.redis_url, args.redis_auth.get("RLFLEET_REDIS_USERNAME"),
+                                             args.redis_auth["RLFLEET_REDIS_PASSWORD_FILE"])
+            cfg = cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"redis_url": url})})
+        registry = CollectorRegistry()
         try:
-            s = core.stats()
+            self.core = build_core(cfg, registry)
+        except (StoreError, PluginError, RuntimeError) as exc:
+            raise StartError(f"cannot start: {exc}", FAILED) from None
+        self.stop = threading.Event()
+        bind = listen_address(cfg.endpoints.buffer, args.listen)
+        self.server = start_server(self.core, bind, args.token)
+        serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
+        self.jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
+        log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, self.server.port)
+        watch_health(self.core, self.server, self.stop)
+
+    def _write_stats(self) -> None:
+        try:
+            s = self.core.stats()
         except StoreError as exc:
             log.warning("stats unavailable: %s", exc)
             return
-        jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
-                     "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
+        self.jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
+                          "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
 
-    watch_health(core, server, stop)
-    serve_until(stop, write_stats, tick_every=10.0)
-    server.stop(grace=2.0)
-    core.close()
-    jsonl.close()
-    if core.superseded.is_set():
-        print("buffer: superseded by a newer buffer on the same store (writer epoch); exiting", file=sys.stderr)
-        return GAVE_UP
-    log.info("buffer stopped")
-    return 0
+    def serve(self) -> Outcome:
+        serve_until(self.stop, self._write_stats, tick_every=10.0)
+        if self.core.superseded.is_set():
+            return Outcome(GAVE_UP, "superseded by a newer buffer on the same store (writer epoch); exiting")
+        return Outcome()
+
+    def signalled(self, signum: int) -> None:
+        self.stop.set()
+
+    def close(self) -> None:
+        self.server.stop(grace=2.0)
+        self.core.close()
+        self.jsonl.close()
+        if not self.core.superseded.is_set():
+            log.info("buffer stopped")
+
+
+SPEC = ServiceSpec(name="buffer", start=BufferServer)

@@ -265,16 +265,17 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        """Join the process group, start rank 0's connections and train; call close() after, also on an error."""
         init_distributed(self.cfg.endpoints.rendezvous, self.rank, self.world_size, self.device)
-        try:
-            if self.rank == 0:
-                self.leader = self._start_leader()
-            return self._train()
-        finally:
-            if self.leader:
-                self.leader.close()
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if self.rank == 0:
+            self.leader = self._start_leader()
+        return self._train()
+
+    def close(self) -> None:
+        if self.leader:
+            self.leader.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def _train(self) -> dict[str, Any]:
         t = self.cfg.trainer
