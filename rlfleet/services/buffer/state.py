@@ -110,10 +110,6 @@ class State:
         """Samples in the store and not yet delivered (open and ready groups)."""
         return sum(len(g.samples) for g in self.open.values()) + sum(len(g.kept) for g in self.ready.values())
 
-    def live_groups(self) -> int:
-        """Groups that will feed (or fed) a step: acked, delivered, ready, open. Dropped ones are excluded."""
-        return self.acked_groups + len(self.delivered) + len(self.ready) + len(self.open)
-
     def group(self, gid: str) -> Group | None:
         return self.open.get(gid) or self.ready.get(gid) or self.delivered.get(gid)
 

@@ -36,7 +36,6 @@ class EngineWatch:
         self.engine, self.settings = engine, settings
         self._set_serving, self._on_unhealthy, self._stop = set_serving, on_unhealthy, stop
         self.failed_since: float | None = None      # monotonic time of the first failed check in the current run
-        self.unhealthy_reason: str | None = None
         self._thread = threading.Thread(target=self._loop, name="engine-watch", daemon=True)
 
     def start(self) -> EngineWatch:
@@ -61,7 +60,6 @@ class EngineWatch:
                 self.failed_since = time.monotonic()
             log.warning("%s (%d of %d)", reason, misses, self.settings.failures)
             if misses >= self.settings.failures:
-                self.unhealthy_reason = reason
                 self._set_serving(False)
                 self._on_unhealthy(reason)
                 return

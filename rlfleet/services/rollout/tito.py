@@ -95,10 +95,6 @@ class TitoSession:
         """What the engine continues from next: [P + T]."""
         return self.prompt_ids + self.response_ids
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
     def add_generation(self, gen: Generation) -> str:
         """Append the engine's exact output ids (mask 1). Returns the assistant's text (special tokens removed)."""
         ids = [int(t) for t in gen.output_ids]

@@ -135,7 +135,3 @@ class FastDecoder:
             cl.keys, cl.values = kb[:, :, :length + 1], vb[:, :, :length + 1]
         x = _rms(x, self.inner.norm.weight, self.inner.norm.variance_epsilon)
         return self.model.lm_head(x)[:, -1]                                              # [B, V]
-
-    def forget(self) -> None:
-        """Drop the buffers (the batch was emptied or rebuilt)."""
-        self._buffers.clear()

@@ -14,7 +14,7 @@ import torch
 
 from rlfleet.dtypes import dtype_name
 from rlfleet.services.weight_sync.transports.disk_delta.codec import ENCODINGS, changed_elements, encode
-from rlfleet.services.weight_sync.transports.disk_delta.files import Index, version_dir, write_version
+from rlfleet.services.weight_sync.transports.disk_delta.files import version_dir, write_version
 from rlfleet.services.weight_sync.transports.manifest import manifest_digest, tensor_xxh64
 from rlfleet.v1 import weights_pb2
 
@@ -34,7 +34,6 @@ class DeltaSender:
         self._prev: dict[str, torch.Tensor] = {}
         self._prev_version = -1
         self._base_version = -1
-        self.last_index: Index | None = None
 
     @property
     def endpoint(self) -> str:
@@ -69,7 +68,6 @@ class DeltaSender:
                   "prev_version": self._prev_version if delta else version, "kind": "delta" if delta else "base",
                   "encoding": self.encoding if delta else "", "tensors": final}
         index = write_version(self.root, fields, parts)
-        self.last_index = index
         self._prev, self._prev_version = current, version
         log.info("disk-delta version %d: %s, %d of %d elements changed, %d bytes on disk", version, index.kind,
                  changed, total, index.file_bytes)
