@@ -66,15 +66,18 @@ def addition_task(seed: int, work: Path) -> dict:
             "config.yaml", "sets": {"run.seed": seed, "eval.data_source": None, "model.prepare": None}}
 
 
-def smollm2_task(seed: int, work: Path) -> dict:
+def smollm2_task(seed: int, work: Path, a: argparse.Namespace) -> dict:
     from bench.vs_trl_parts.smollm2 import smollm2_folder
     from bench.vs_trl_parts.word_problems import problems, score
 
     warm = smollm2_folder(work / "smollm2")
+    train = work / f"word_problems_seed{seed}.jsonl"       # the TRL half builds the same rows in the same order
+    train.write_text("".join(json.dumps({"messages": m, "answer": ans}) + "\n"
+                             for m, ans in problems(a.steps * a.groups, seed)))
     held = problems(40, seed + 10_000)
-    return {"warm": warm, "prompts": [[{"role": "user", "content": q}] for q, _ in held],
-            "labels": [a for _, a in held], "chat": True, "score": score,
-            "config": ROOT / "bench/vs_trl_parts/smollm2.yaml", "sets": {"run.seed": seed}}
+    return {"warm": warm, "prompts": [m for m, _ in held], "labels": [ans for _, ans in held], "chat": True,
+            "score": score, "config": ROOT / "bench/vs_trl_parts/smollm2.yaml",
+            "sets": {"run.seed": seed, "rollout.data.path": str(train)}}
 
 
 def run_trl(task: dict, out: Path, a: argparse.Namespace) -> dict:
@@ -155,7 +158,7 @@ def main() -> None:
     rows: list[dict] = []
     for seed in [int(s) for s in a.seeds.split(",")]:
         a.seed_now = seed
-        task = addition_task(seed, work) if small else smollm2_task(seed, work)
+        task = addition_task(seed, work) if small else smollm2_task(seed, work, a)
         before = _evaluate(task, task["warm"], a)
         runs: list[tuple[str, dict | None]] = [] if a.skip_trl else [("trl", None)]
         runs += variants

@@ -6,7 +6,7 @@ then does, for every service alike:
 
     parse args (--config, --listen, --metrics-port, the service's own) -> credential        bad: exit 2, one line
     spec.start(args): bind, Server, servicers, metrics, background loop                   StartError: its code
-    SIGTERM / SIGINT (those the spec names) -> Service.signalled
+    SIGTERM / SIGINT (those the spec names) -> Service.signalled (one that came during start: once it returned)
     Service.serve(): serve / run the loop until done or signalled -> Outcome
     Service.close(): the ordered stop, always, also after an error
     exit code (rlfleet/exit_codes.py); a failure's reason is the last line on stderr, `<name>: <reason>`
@@ -93,6 +93,18 @@ def run_service(spec: ServiceSpec, argv: list[str] | None = None) -> int:
     args = parse_service_args(spec.name, argv, list(spec.extra_args))
     label = spec.label(args) if spec.label is not None else spec.name
     log = logging.getLogger(f"rlfleet.services.{spec.name}")
+    started: list[Service] = []
+    early_signals: list[int] = []          # a stop asked for while the service starts: delivered once it runs
+
+    def on_signal(number: int, frame: object) -> None:
+        if started:
+            started[0].signalled(number)
+        else:
+            early_signals.append(number)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in spec.signals:
+            signal.signal(signum, on_signal)
     try:
         service = spec.start(args)
     except StartError as exc:
@@ -100,9 +112,9 @@ def run_service(spec: ServiceSpec, argv: list[str] | None = None) -> int:
         return exc.code
     except Exception as exc:  # noqa: BLE001 - every failure ends as one clear last line
         return _failed(log, label, exc)
-    if threading.current_thread() is threading.main_thread():
-        for signum in spec.signals:
-            signal.signal(signum, lambda number, frame: service.signalled(number))
+    started.append(service)
+    for number in early_signals:
+        service.signalled(number)
     failure: Exception | None = None
     outcome = Outcome(FAILED)
     try:

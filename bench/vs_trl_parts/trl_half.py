@@ -28,7 +28,7 @@ def _addition_rows(count: int, seed: int) -> list[dict[str, str | None]]:
 def _smollm2_rows(count: int, seed: int) -> list[dict]:
     from bench.vs_trl_parts.word_problems import problems
 
-    return [{"prompt": [{"role": "user", "content": q}], "label": a} for q, a in problems(count, seed)]
+    return [{"prompt": messages, "label": answer} for messages, answer in problems(count, seed)]
 
 
 def exact_match(completions: list, label: list[str], **_: object) -> list[float]:

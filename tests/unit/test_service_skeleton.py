@@ -77,6 +77,29 @@ def test_an_error_in_serve_closes_first_then_names_it(config: Path, capsys: pyte
                capsys) == (4, "demo: RuntimeError: CUDA error: uncorrectable ECC error encountered")
 
 
+def test_a_stop_asked_for_during_start_is_delivered_once_the_service_runs(
+        config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM while start() still builds the service (loading a model, say) neither kills the process outright nor
+    is lost: the service is told as soon as it exists, before serve, and still closes in order."""
+    import os
+    import signal
+
+    calls: list[str] = []
+
+    def start(args: ServiceArgs) -> Recording:
+        os.kill(os.getpid(), signal.SIGTERM)             # handled on this (the main) thread before start returns
+        calls.append("still starting")
+        return Recording(calls, Outcome())
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = run_service(ServiceSpec(name="demo", start=start, signals=(signal.SIGTERM,)), ["--config", str(config)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 0
+    assert calls == ["still starting", "start", f"signal {int(signal.SIGTERM)}", "serve", "close"]
+
+
 def test_start_errors_exit_with_their_code(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def refuse(args: ServiceArgs) -> Recording:
         raise StartError("rollout.rollout_fn 'x:y': no module")
