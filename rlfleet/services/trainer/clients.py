@@ -61,14 +61,20 @@ class BufferClient:
         self._channel = channel(address, token)
         self._stub = buffer_pb2_grpc.BufferStub(self._channel)
 
-    def get_batch(self, step: int, num_groups: int, policy_version: int) -> buffer_pb2.Batch:
-        """Block until the buffer delivers the complete batch for `step`."""
+    def get_batch(self, step: int, num_groups: int, policy_version: int,
+                  ack_through: int | None = None) -> buffer_pb2.Batch:
+        """Block until the buffer delivers the complete batch for `step`. ack_through: the last committed step, whose
+        Ack rides on this GetBatch (GetBatchRequest.ack_through_step) instead of a separate Ack call; the first poll
+        carries it (a retry carries it again: acks are cumulative)."""
         req = buffer_pb2.GetBatchRequest(step=step, num_groups=num_groups, policy_version=policy_version,
                                          wait_seconds=BATCH_POLL, consumer=self.consumer,
                                          lineage=[buffer_pb2.LineageEpoch(epoch=e.epoch, base_version=e.base_version)
                                                   for e in self.lineage])
+        if ack_through is not None:
+            req.ack_through_step = ack_through
         while True:
             batch = call("Buffer.GetBatch", self.address, self._stub.GetBatch, req, BATCH_POLL + DEFAULT_DEADLINE)
+            req.ClearField("ack_through_step")           # applied (durably) by the call that answered
             if batch.complete:
                 if len(batch.group_ids) != num_groups:
                     raise PeerError(f"Buffer.GetBatch at {self.address}: step {step} came with "
