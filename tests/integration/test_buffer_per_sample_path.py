@@ -1,8 +1,10 @@
-"""The Ack folded into GetBatch (GetBatchRequest.ack_through_step) commits exactly what Ack does.
+"""The buffer's cheaper per-sample path: the Ack folded into GetBatch (GetBatchRequest.ack_through_step) commits
+exactly what Ack does, and a Put framed from serialized samples (rlfleet.put_wire) is acknowledged only once durable.
 
 On the core of both stores it leaves the same state as GetBatch + Ack, through a restart; on the real buffer process
 over gRPC it survives kill -9: the acked groups are gone, the next step's batch stays delivered, re-asking for a step
-re-delivers the same bytes, and bad values are refused naming the field with nothing changed.
+re-delivers the same bytes, and bad values are refused naming the field with nothing changed. Every sample a framed
+Put acknowledged is there after kill -9 right after the reply, byte for byte.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis
 
+from rlfleet.put_wire import encode_put_request, raw_put
+from rlfleet.rpc import channel
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.errors import InvalidRequest
 from rlfleet.v1 import buffer_pb2
 from tests.integration import test_buffer_contract as contract
 from tests.integration.test_buffer_contract import Factory, claim_one, group
-from tests.integration.test_buffer_service import BufferProcess, write_config
+from tests.integration.test_buffer_service import TOKEN, BufferProcess, write_config
 from tests.support.redis_server import free_port
 
 make_core = contract.make_core            # the contract tests' fixtures: a core on each store, one redis-server
@@ -83,7 +88,9 @@ def test_folded_ack_refuses_bad_steps_and_changes_nothing(make_core: Factory) ->
 def buffer_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BufferProcess]:
     extra: dict[str, object] = {}
     if request.param == "redis":
-        extra = {"store": "redis", "redis_url": request.getfixturevalue("redis_server").url}
+        url = request.getfixturevalue("redis_server").url
+        redis.Redis.from_url(url).flushall()      # the module's redis-server: every buffer here has the same run name
+        extra = {"store": "redis", "redis_url": url}
     port = free_port()
     proc = BufferProcess(write_config(tmp_path / "run", port, **extra), port).start()
     yield proc
@@ -126,3 +133,24 @@ def test_folded_ack_over_grpc_survives_kill9(buffer_process: BufferProcess) -> N
     assert stub.Ack(buffer_pb2.AckRequest(committed_step=2), timeout=10).acked_samples == 2    # the last step: Ack
     s = stub.Stats(buffer_pb2.StatsRequest(), timeout=10)
     assert (s.acked_samples, s.delivered_unacked, s.stored_samples) == (6, 0, 0)
+
+
+def test_framed_puts_acknowledged_are_durable_through_kill9(buffer_process: BufferProcess) -> None:
+    stub = buffer_process.stub()
+    put = raw_put(channel(buffer_process.address, TOKEN))
+    tickets = stub.Claim(buffer_pb2.ClaimRequest(replica_id="r", max_groups=3), timeout=10).tickets
+    sent = {t.group_id: [m.SerializeToString() for m in group(t.group_id, 2)] for t in tickets}
+    first, second, third = (t.group_id for t in tickets)
+    reply = put(encode_put_request(sent[first] + sent[second], 1.0), timeout=10)     # two groups in one Put
+    assert (reply.accepted, reply.duplicates) == (4, 0)
+    assert put(encode_put_request(sent[third][:1], 1.0), timeout=10).accepted == 1    # half a group
+    buffer_process.kill9()                      # at once after the replies: what they acknowledged is on disk
+    buffer_process.start()
+    stub = buffer_process.stub()
+    s = stub.Stats(buffer_pb2.StatsRequest(), timeout=10)
+    assert (s.put_samples, s.ready_groups, s.partial_groups) == (5, 2, 1)
+    again = raw_put(channel(buffer_process.address, TOKEN))(encode_put_request(sent[third], 1.0), timeout=10)
+    assert (again.accepted, again.duplicates) == (1, 1)                              # the acknowledged one is kept
+    got = stub.GetBatch(buffer_pb2.GetBatchRequest(step=0, num_groups=3, wait_seconds=5), timeout=10)
+    assert list(got.group_ids) == [first, second, third]
+    assert [m.SerializeToString() for m in got.samples] == sent[first] + sent[second] + sent[third]
