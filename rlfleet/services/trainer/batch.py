@@ -55,14 +55,14 @@ def build_train_batch(samples: Sequence[Sample], pad_id: int = 0, routes: bool =
     resp_len = int(t_len.max(initial=0))                                                # T
     rows_l = np.arange(seq_len)[None, :] < (p_len + t_len)[:, None]                     # [S, L] real tokens
     rows_t = np.arange(resp_len)[None, :] < t_len[:, None]                              # [S, T] real responses
-    input_ids = np.full((n, seq_len), pad_id, dtype=np.int64)                           # [S, L]
+    input_ids: np.ndarray = np.full((n, seq_len), pad_id, dtype=np.int64)               # [S, L]
     input_ids[rows_l] = _joined([a for s in samples for a in (s.prompt_ids, s.response_ids)], np.int64)
-    response_mask = np.zeros((n, resp_len), dtype=np.float32)                           # [S, T]
+    response_mask: np.ndarray = np.zeros((n, resp_len), dtype=np.float32)               # [S, T]
     response_mask[rows_t] = np.clip(_joined([s.loss_mask if s.loss_mask is not None else np.ones(len(s.response_ids))
                                              for s in samples], np.float32), 0, 1)
     if resp_len:
         response_mask[(p_len == 0) & (t_len > 0), 0] = 0.0                          # nothing predicts it
-    rollout_logprobs = np.zeros((n, resp_len), dtype=np.float32)                        # [S, T]
+    rollout_logprobs: np.ndarray = np.zeros((n, resp_len), dtype=np.float32)            # [S, T]
     rollout_logprobs[rows_t] = _joined([s.rollout_logprobs for s in samples], np.float32)
     group_of: dict[str, int] = {}
     for s in samples:
