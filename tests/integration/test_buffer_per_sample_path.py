@@ -98,12 +98,14 @@ def buffer_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[B
         proc.kill9()
 
 
-def test_folded_ack_over_grpc_survives_kill9(buffer_process: BufferProcess) -> None:
-    stub = buffer_process.stub()
+def test_framed_puts_and_folded_acks_survive_kill9(buffer_process: BufferProcess) -> None:
+    stub, put = buffer_process.stub(), raw_put(channel(buffer_process.address, TOKEN))
     tickets = stub.Claim(buffer_pb2.ClaimRequest(replica_id="r", max_groups=3), timeout=10).tickets
-    gids = [t.group_id for t in tickets]
-    for gid in gids:
-        assert stub.Put(buffer_pb2.PutRequest(samples=group(gid, 2)), timeout=10).accepted == 2
+    sent = {t.group_id: [m.SerializeToString() for m in group(t.group_id, 2)] for t in tickets}
+    first, second, third = (t.group_id for t in tickets)
+    reply = put(encode_put_request(sent[first] + sent[second], 1.0), timeout=10)     # two groups in one Put
+    assert (reply.accepted, reply.duplicates) == (4, 0)
+    assert put(encode_put_request(sent[third][:1], 1.0), timeout=10).accepted == 1    # half a group
 
     def get(step: int, ack: int | None = None) -> buffer_pb2.Batch:
         req = buffer_pb2.GetBatchRequest(step=step, num_groups=1, wait_seconds=5)
@@ -111,46 +113,31 @@ def test_folded_ack_over_grpc_survives_kill9(buffer_process: BufferProcess) -> N
             req.ack_through_step = ack
         return stub.GetBatch(req, timeout=10)
 
-    assert list(get(0).group_ids) == [gids[0]]
-    second = get(1, ack=0)
-    assert list(second.group_ids) == [gids[1]] and second.acked_samples == 2 and not second.redelivered
+    got = get(0)
+    assert list(got.group_ids) == [first] and [m.SerializeToString() for m in got.samples] == sent[first]
+    second_batch = get(1, ack=0)
+    assert list(second_batch.group_ids) == [second] and second_batch.acked_samples == 2
+    assert not second_batch.redelivered
     with pytest.raises(grpc.RpcError) as bad:
         get(2, ack=2)
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ack_through_step" in bad.value.details()
 
-    buffer_process.kill9()                     # right after the reply: the folded ack must already be durable
+    buffer_process.kill9()          # at once after the replies: what they acknowledged must already be durable
     buffer_process.start()
-    stub = buffer_process.stub()
+    stub, put = buffer_process.stub(), raw_put(channel(buffer_process.address, TOKEN))
     s = stub.Stats(buffer_pb2.StatsRequest(), timeout=10)
-    assert (s.acked_samples, s.delivered_unacked, s.stored_samples) == (2, 2, 2)
+    assert (s.put_samples, s.acked_samples, s.delivered_unacked, s.partial_groups, s.ready_groups) == (5, 2, 2, 1, 0)
     with pytest.raises(grpc.RpcError) as gone:
         get(0)
     assert gone.value.code() == grpc.StatusCode.FAILED_PRECONDITION          # step 0 is committed: its group gone
     again = get(1, ack=0)
-    assert again.redelivered and list(again.samples) == list(second.samples) and again.acked_samples == 0
-    third = get(2, ack=1)
-    assert list(third.group_ids) == [gids[2]] and third.acked_samples == 2
+    assert again.redelivered and again.acked_samples == 0
+    assert [m.SerializeToString() for m in again.samples] == sent[second]
+    reply = put(encode_put_request(sent[third], 1.0), timeout=10)
+    assert (reply.accepted, reply.duplicates) == (1, 1)                      # the acknowledged half was kept
+    third_batch = get(2, ack=1)
+    assert list(third_batch.group_ids) == [third] and third_batch.acked_samples == 2
+    assert [m.SerializeToString() for m in third_batch.samples] == sent[third]
     assert stub.Ack(buffer_pb2.AckRequest(committed_step=2), timeout=10).acked_samples == 2    # the last step: Ack
     s = stub.Stats(buffer_pb2.StatsRequest(), timeout=10)
     assert (s.acked_samples, s.delivered_unacked, s.stored_samples) == (6, 0, 0)
-
-
-def test_framed_puts_acknowledged_are_durable_through_kill9(buffer_process: BufferProcess) -> None:
-    stub = buffer_process.stub()
-    put = raw_put(channel(buffer_process.address, TOKEN))
-    tickets = stub.Claim(buffer_pb2.ClaimRequest(replica_id="r", max_groups=3), timeout=10).tickets
-    sent = {t.group_id: [m.SerializeToString() for m in group(t.group_id, 2)] for t in tickets}
-    first, second, third = (t.group_id for t in tickets)
-    reply = put(encode_put_request(sent[first] + sent[second], 1.0), timeout=10)     # two groups in one Put
-    assert (reply.accepted, reply.duplicates) == (4, 0)
-    assert put(encode_put_request(sent[third][:1], 1.0), timeout=10).accepted == 1    # half a group
-    buffer_process.kill9()                      # at once after the replies: what they acknowledged is on disk
-    buffer_process.start()
-    stub = buffer_process.stub()
-    s = stub.Stats(buffer_pb2.StatsRequest(), timeout=10)
-    assert (s.put_samples, s.ready_groups, s.partial_groups) == (5, 2, 1)
-    again = raw_put(channel(buffer_process.address, TOKEN))(encode_put_request(sent[third], 1.0), timeout=10)
-    assert (again.accepted, again.duplicates) == (1, 1)                              # the acknowledged one is kept
-    got = stub.GetBatch(buffer_pb2.GetBatchRequest(step=0, num_groups=3, wait_seconds=5), timeout=10)
-    assert list(got.group_ids) == [first, second, third]
-    assert [m.SerializeToString() for m in got.samples] == sent[first] + sent[second] + sent[third]
