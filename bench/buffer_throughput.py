@@ -13,6 +13,11 @@ apart (`always vs everysec` is the cost of acknowledged-means-on-disk; group com
 try --producers 8); with
 `--rounds` > 1 the medians are printed too (the machine is shared: read the medians).
 
+Client paths (`--paths`, each run back to back in every round, so each one's ratio is same-run): `old` Puts
+PutRequest messages and calls Ack after every GetBatch; `fold` folds each step's Ack into the next GetBatch
+(`ack_through_step`); `new` also frames each Put from the serialized samples (rlfleet.put_wire), as the rollout
+replica does. Server-side changes (batched sample validation) apply to every path.
+
 Latency: `streaming` is put->get while the buffer runs full (mostly queueing: up to `capacity` samples wait ahead
 of a new group); `idle` sends one group at a time and takes it at once, which is the buffer's own put->get time.
 Run: python bench/buffer_throughput.py [--rounds 3] [--groups-1k 256] [--groups-64k 64] [--put-groups 1]
@@ -151,11 +156,12 @@ Result = tuple[float, list[float], list[float], dict[str, float], int]
 
 
 def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: int, groups: int, a: Args,
-                fsync: str = "always", new: bool = True) -> Result:
+                fsync: str = "always", path: str = "new") -> Result:
     """(samples/s, streaming latencies, idle latencies, CPU seconds by process, samples) of the buffer on a store;
-    fsync: the embedded log's policy, or Redis's appendfsync. new: Puts framed from serialized samples
-    (rlfleet.put_wire) and each step's Ack folded into the next GetBatch (ack_through_step; the last step's by Ack);
-    old: PutRequest messages and an Ack call after every GetBatch."""
+    fsync: the embedded log's policy, or Redis's appendfsync. path: old (PutRequest messages, an Ack call after
+    every GetBatch), fold (the same Puts, each step's Ack folded into the next GetBatch: ack_through_step; the last
+    step's by Ack) or new (fold, and Puts framed from serialized samples: rlfleet.put_wire)."""
+    new, fold = path == "new", path in ("fold", "new")
     if store == "redis":
         redis.Redis.from_url(redis_url).config_set("appendfsync", fsync)
     steps = groups // a.step_groups
@@ -192,12 +198,12 @@ def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: in
             out: list[float] = []
             for step in steps_:
                 req = buffer_pb2.GetBatchRequest(step=step, num_groups=a.step_groups, wait_seconds=10)
-                if new and step > 0:
+                if fold and step > 0:
                     req.ack_through_step = step - 1
                 batch = stub.GetBatch(req, timeout=30)
                 now = time.perf_counter()
                 out.extend(now - started[gid] for gid in batch.group_ids)
-                if not new or (last and step == steps_[-1]):
+                if not fold or (last and step == steps_[-1]):
                     stub.Ack(buffer_pb2.AckRequest(committed_step=step), timeout=10)
             return out
 
@@ -297,9 +303,9 @@ def main() -> None:
     parser.add_argument("--step-groups", type=int, default=1, help="groups per GetBatch (per XREADGROUP)")
     parser.add_argument("--producers", type=int, default=1, help="producer threads (replicas) on both sides")
     parser.add_argument("--stores", default="embedded,redis", help="buffer stores to run (comma-separated)")
-    parser.add_argument("--paths", default="old,new",
-                        help="client paths to run: old (PutRequest messages, GetBatch then Ack), new (Puts framed "
-                             "from serialized samples, Ack folded into the next GetBatch)")
+    parser.add_argument("--paths", default="old,fold,new",
+                        help="client paths to run: old (PutRequest messages, GetBatch then Ack), fold (the Ack folded "
+                             "into the next GetBatch), new (fold, and Puts framed from serialized samples)")
     args = parser.parse_args(namespace=Args())
     print(f"batching: {args.put_groups} group(s) of {GROUP_SIZE} per Put / XADD pipeline, {args.producers} "
           f"producer(s), {args.claim_groups} tickets per Claim; {args.step_groups} group(s) per GetBatch+Ack / "
@@ -324,16 +330,18 @@ def main() -> None:
                             for path in args.paths.split(","):
                                 name = f"{store}/{fsync} {path}"
                                 rate, lat, idle, cpu, n = run_service(work, store, server.url, server.proc.pid,
-                                                                      size, groups, args, fsync, path == "new")
+                                                                      size, groups, args, fsync, path)
                                 rates[f"{fsync} {path}"] = rate
                                 buf_cpu = report(f"buffer[{name}] streaming", rate, lat, cpu, n)
                                 report(f"buffer[{name}] idle, one step", None, idle)
                                 ratios.setdefault((size, name), []).append((rate / raw, raw_cpu / buf_cpu))
                                 print(f"  {'':<34} ratio to raw redis: {rate / raw:.2f} samples/s, "
                                       f"{raw_cpu / buf_cpu:.2f} by CPU per sample", flush=True)
-                            if "new" in args.paths and "old" in args.paths:
-                                print(f"  {'':<34} buffer[{store}/{fsync}] new vs old path: "
-                                      f"{rates[f'{fsync} new'] / rates[f'{fsync} old']:.2f}x samples/s", flush=True)
+                            for path in args.paths.split(","):
+                                if path != "old" and f"{fsync} old" in rates:
+                                    print(f"  {'':<34} buffer[{store}/{fsync}] {path} vs old path: "
+                                          f"{rates[f'{fsync} {path}'] / rates[f'{fsync} old']:.2f}x samples/s",
+                                          flush=True)
                         for path in args.paths.split(","):
                             ratio = rates[f"always {path}"] / rates[f"everysec {path}"]
                             durable.setdefault((size, f"{store} {path}"), []).append(ratio)

@@ -219,22 +219,28 @@ class Trainer:
         return metrics
 
     def _fetch_batch(self, step: int) -> buffer_pb2.Batch:
-        data = self._usable_batch(step).SerializeToString() if self.leader else None
-        return buffer_pb2.Batch.FromString(broadcast_bytes(data, self.device))
+        """Rank 0 broadcasts the batch's bytes as the buffer sent them (never serialized again) and keeps the parsed
+        Batch; the other ranks parse them."""
+        if self.leader:
+            batch, data = self._usable_batch(step)
+            broadcast_bytes(data, self.device)
+            return batch
+        return buffer_pb2.Batch.FromString(broadcast_bytes(None, self.device))
 
-    def _usable_batch(self, step: int) -> buffer_pb2.Batch:
-        """Rank 0: the batch for `step`, after quarantining (Buffer.Reject) every group this trainer cannot train on
-        and asking again (rlfleet.services.trainer.batch_check): bad data never crash-loops the trainer."""
+    def _usable_batch(self, step: int) -> tuple[buffer_pb2.Batch, bytes]:
+        """Rank 0: the batch for `step` (and its bytes), after quarantining (Buffer.Reject) every group this trainer
+        cannot train on and asking again (rlfleet.services.trainer.batch_check): bad data never crash-loops it."""
         assert self.leader is not None
         for _ in range(MAX_REJECTS_IN_A_ROW):
-            batch = self.leader.buffer.get_batch(step, self.cfg.trainer.groups_per_step, self.version, self.ack_due)
+            batch, data = self.leader.buffer.get_batch_bytes(step, self.cfg.trainer.groups_per_step, self.version,
+                                                             self.ack_due)
             if self.ack_due is not None:
                 log.info("acked %d samples up to step %d (with GetBatch for step %d)", batch.acked_samples,
                          self.ack_due, step)
                 self.ack_due = None
             try:
                 check_batch(batch, self.limits)
-                return batch
+                return batch, data
             except BatchUnusable as exc:
                 self._quarantine(batch, exc)
         raise RuntimeError(f"step {step}: {MAX_REJECTS_IN_A_ROW} batches in a row held groups this trainer cannot "
