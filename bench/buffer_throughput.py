@@ -13,6 +13,11 @@ apart (`always vs everysec` is the cost of acknowledged-means-on-disk; group com
 try --producers 8); with
 `--rounds` > 1 the medians are printed too (the machine is shared: read the medians).
 
+Client paths (`--paths`, each run back to back in every round, so each one's ratio is same-run): `old` Puts
+PutRequest messages and calls Ack after every GetBatch; `fold` folds each step's Ack into the next GetBatch
+(`ack_through_step`); `new` also frames each Put from the serialized samples (rlfleet.put_wire), as the rollout
+replica does. Server-side changes (batched sample validation) apply to every path.
+
 Latency: `streaming` is put->get while the buffer runs full (mostly queueing: up to `capacity` samples wait ahead
 of a new group); `idle` sends one group at a time and takes it at once, which is the buffer's own put->get time.
 Run: python bench/buffer_throughput.py [--rounds 3] [--groups-1k 256] [--groups-64k 64] [--put-groups 1]
@@ -39,6 +44,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlfleet.put_wire import encode_put_request, raw_put  # noqa: E402
 from rlfleet.rpc import channel, wait_healthy  # noqa: E402
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2  # noqa: E402
 from tests.support.redis_server import RedisServer, free_port  # noqa: E402
@@ -110,6 +116,7 @@ class Args:
     step_groups: int
     producers: int
     serial: int
+    paths: str
 
 
 def spread(groups: int, producers: int, work: Callable[[Callable[[], int | None]], None]) -> list[threading.Thread]:
@@ -149,22 +156,30 @@ Result = tuple[float, list[float], list[float], dict[str, float], int]
 
 
 def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: int, groups: int, a: Args,
-                fsync: str = "always") -> Result:
+                fsync: str = "always", path: str = "new") -> Result:
     """(samples/s, streaming latencies, idle latencies, CPU seconds by process, samples) of the buffer on a store;
-    fsync: the embedded log's policy, or Redis's appendfsync."""
+    fsync: the embedded log's policy, or Redis's appendfsync. path: old (PutRequest messages, an Ack call after
+    every GetBatch), fold (the same Puts, each step's Ack folded into the next GetBatch: ack_through_step; the last
+    step's by Ack) or new (fold, and Puts framed from serialized samples: rlfleet.put_wire)."""
+    new, fold = path == "new", path in ("fold", "new")
     if store == "redis":
         redis.Redis.from_url(redis_url).config_set("appendfsync", fsync)
     steps = groups // a.step_groups
     payloads = {g: group_samples(g, size) for g in range(steps * a.step_groups + a.serial * a.step_groups)}
+    serialized = {g: [m.SerializeToString() for m in ms] for g, ms in payloads.items()}
     proc, address = start_service(work, store, redis_url, size, steps + a.serial, a.step_groups, fsync)
     try:
-        stub = buffer_pb2_grpc.BufferStub(channel(address, None))
+        chan = channel(address, None)
+        stub, put_raw = buffer_pb2_grpc.BufferStub(chan), raw_put(chan)
         started: dict[str, float] = {}
 
         def put(tickets: list[buffer_pb2.GroupTicket]) -> None:
-            samples = [s for t in tickets for s in payloads[t.prompt_index]]
             now = time.perf_counter()
             started.update((t.group_id, now) for t in tickets)
+            if new:
+                put_raw(encode_put_request([s for t in tickets for s in serialized[t.prompt_index]], 5), timeout=30)
+                return
+            samples = [s for t in tickets for s in payloads[t.prompt_index]]
             stub.Put(buffer_pb2.PutRequest(samples=samples, wait_seconds=5), timeout=30)
 
         def produce(next_group: Callable[[], int | None]) -> None:
@@ -178,14 +193,18 @@ def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: in
                 for i in range(0, len(tickets), a.put_groups):
                     put(tickets[i:i + a.put_groups])
 
-        def consume(steps_: range) -> list[float]:
+        def consume(steps_: range, last: bool = False) -> list[float]:
+            """last: the run's last steps, so the final one is acked by an Ack call."""
             out: list[float] = []
             for step in steps_:
-                batch = stub.GetBatch(buffer_pb2.GetBatchRequest(step=step, num_groups=a.step_groups,
-                                                                 wait_seconds=10), timeout=30)
+                req = buffer_pb2.GetBatchRequest(step=step, num_groups=a.step_groups, wait_seconds=10)
+                if fold and step > 0:
+                    req.ack_through_step = step - 1
+                batch = stub.GetBatch(req, timeout=30)
                 now = time.perf_counter()
                 out.extend(now - started[gid] for gid in batch.group_ids)
-                stub.Ack(buffer_pb2.AckRequest(committed_step=step), timeout=10)
+                if not fold or (last and step == steps_[-1]):
+                    stub.Ack(buffer_pb2.AckRequest(committed_step=step), timeout=10)
             return out
 
         meter = CpuMeter(server=proc.pid, **({"redis": redis_pid} if store == "redis" else {}))
@@ -201,7 +220,7 @@ def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: in
         for step in range(steps, steps + a.serial):      # one step at a time: no queue in front of it
             put(list(stub.Claim(buffer_pb2.ClaimRequest(replica_id="bench", max_groups=a.step_groups),
                                 timeout=10).tickets))
-            idle.extend(consume(range(step, step + 1)))
+            idle.extend(consume(range(step, step + 1), last=step == steps + a.serial - 1))
         n = steps * a.step_groups * GROUP_SIZE
         return n / elapsed, latencies, idle, cpu, n
     finally:
@@ -284,6 +303,9 @@ def main() -> None:
     parser.add_argument("--step-groups", type=int, default=1, help="groups per GetBatch (per XREADGROUP)")
     parser.add_argument("--producers", type=int, default=1, help="producer threads (replicas) on both sides")
     parser.add_argument("--stores", default="embedded,redis", help="buffer stores to run (comma-separated)")
+    parser.add_argument("--paths", default="old,fold,new",
+                        help="client paths to run: old (PutRequest messages, GetBatch then Ack), fold (the Ack folded "
+                             "into the next GetBatch), new (fold, and Puts framed from serialized samples)")
     args = parser.parse_args(namespace=Args())
     print(f"batching: {args.put_groups} group(s) of {GROUP_SIZE} per Put / XADD pipeline, {args.producers} "
           f"producer(s), {args.claim_groups} tickets per Claim; {args.step_groups} group(s) per GetBatch+Ack / "
@@ -305,18 +327,26 @@ def main() -> None:
                     for store in args.stores.split(","):
                         rates: dict[str, float] = {}
                         for fsync in ("everysec", "always"):
-                            name = f"{store}/{fsync}"
-                            rate, lat, idle, cpu, n = run_service(work, store, server.url, server.proc.pid, size,
-                                                                  groups, args, fsync)
-                            rates[fsync] = rate
-                            buf_cpu = report(f"buffer[{name}] streaming", rate, lat, cpu, n)
-                            report(f"buffer[{name}] idle, one step", None, idle)
-                            ratios.setdefault((size, name), []).append((rate / raw, raw_cpu / buf_cpu))
-                            print(f"  {'':<34} ratio to raw redis: {rate / raw:.2f} samples/s, "
-                                  f"{raw_cpu / buf_cpu:.2f} by CPU per sample", flush=True)
-                        ratio = rates["always"] / rates["everysec"]
-                        durable.setdefault((size, store), []).append(ratio)
-                        print(f"  {'':<34} buffer[{store}] always vs everysec: {ratio:.2f}x samples/s", flush=True)
+                            for path in args.paths.split(","):
+                                name = f"{store}/{fsync} {path}"
+                                rate, lat, idle, cpu, n = run_service(work, store, server.url, server.proc.pid,
+                                                                      size, groups, args, fsync, path)
+                                rates[f"{fsync} {path}"] = rate
+                                buf_cpu = report(f"buffer[{name}] streaming", rate, lat, cpu, n)
+                                report(f"buffer[{name}] idle, one step", None, idle)
+                                ratios.setdefault((size, name), []).append((rate / raw, raw_cpu / buf_cpu))
+                                print(f"  {'':<34} ratio to raw redis: {rate / raw:.2f} samples/s, "
+                                      f"{raw_cpu / buf_cpu:.2f} by CPU per sample", flush=True)
+                            for path in args.paths.split(","):
+                                if path != "old" and f"{fsync} old" in rates:
+                                    print(f"  {'':<34} buffer[{store}/{fsync}] {path} vs old path: "
+                                          f"{rates[f'{fsync} {path}'] / rates[f'{fsync} old']:.2f}x samples/s",
+                                          flush=True)
+                        for path in args.paths.split(","):
+                            ratio = rates[f"always {path}"] / rates[f"everysec {path}"]
+                            durable.setdefault((size, f"{store} {path}"), []).append(ratio)
+                            print(f"  {'':<34} buffer[{store} {path}] always vs everysec: {ratio:.2f}x samples/s",
+                                  flush=True)
         finally:
             server.stop()
     print("acknowledged-means-on-disk cost, always / everysec samples/s (median over rounds; each round):")

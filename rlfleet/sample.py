@@ -151,6 +151,15 @@ def validate_message(msg: sample_pb2.Sample, limits: SampleLimits | None = None)
 
     Cheap: each bytes field is read once as a numpy view. `limits`: vocabulary, expert count, newest version.
     """
+    check_fields(msg)
+    if msg.status != sample_pb2.SAMPLE_STATUS_FAILED and msg.rollout_logprobs and not np.isfinite(
+            np.frombuffer(msg.rollout_logprobs, dtype="<f4")).all():
+        raise SampleError("rollout_logprobs contain NaN or inf")
+    _check_bounds(msg, limits or SampleLimits())
+
+
+def check_fields(msg: sample_pb2.Sample) -> None:
+    """The checks of validate_message that read no array's values: ids, status, reward, every length and shape."""
     if not msg.group_id:
         raise SampleError("group_id is empty")
     if msg.group_size == 0 or msg.index >= msg.group_size:
@@ -176,9 +185,6 @@ def validate_message(msg: sample_pb2.Sample, limits: SampleLimits | None = None)
     for name, n in checks:
         if n != tokens:
             raise SampleError(f"{name} has {n} entries but response_ids has {tokens}")
-    if msg.status != sample_pb2.SAMPLE_STATUS_FAILED and tokens and not np.isfinite(
-            np.frombuffer(logprobs, dtype="<f4")).all():
-        raise SampleError("rollout_logprobs contain NaN or inf")
     if msg.HasField("routed_experts"):
         re = msg.routed_experts
         width = 1 if re.bits == 8 else 2 if re.bits == 16 else 0
@@ -188,7 +194,6 @@ def validate_message(msg: sample_pb2.Sample, limits: SampleLimits | None = None)
             raise SampleError("routed_experts size disagrees with response length")
         if re.free_rows and len(re.free_rows) != tokens:
             raise SampleError("routed_experts.free_rows disagrees with response length")
-    _check_bounds(msg, limits or SampleLimits())
 
 
 def _check_bounds(msg: sample_pb2.Sample, limits: SampleLimits) -> None:

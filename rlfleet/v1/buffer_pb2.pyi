@@ -64,20 +64,22 @@ class PutReply(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("step", "num_groups", "policy_version", "wait_seconds", "consumer", "lineage")
+    __slots__ = ("step", "num_groups", "policy_version", "wait_seconds", "consumer", "lineage", "ack_through_step")
     STEP_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    ACK_THROUGH_STEP_FIELD_NUMBER: _ClassVar[int]
     step: int
     num_groups: int
     policy_version: int
     wait_seconds: float
     consumer: str
     lineage: _containers.RepeatedCompositeFieldContainer[LineageEpoch]
-    def __init__(self, step: _Optional[int] = ..., num_groups: _Optional[int] = ..., policy_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consumer: _Optional[str] = ..., lineage: _Optional[_Iterable[_Union[LineageEpoch, _Mapping]]] = ...) -> None: ...
+    ack_through_step: int
+    def __init__(self, step: _Optional[int] = ..., num_groups: _Optional[int] = ..., policy_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consumer: _Optional[str] = ..., lineage: _Optional[_Iterable[_Union[LineageEpoch, _Mapping]]] = ..., ack_through_step: _Optional[int] = ...) -> None: ...
 
 class LineageEpoch(_message.Message):
     __slots__ = ("epoch", "base_version")
@@ -88,18 +90,20 @@ class LineageEpoch(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("step", "samples", "group_ids", "complete", "redelivered")
+    __slots__ = ("step", "samples", "group_ids", "complete", "redelivered", "acked_samples")
     STEP_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    ACKED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     step: int
     samples: _containers.RepeatedCompositeFieldContainer[_sample_pb2.Sample]
     group_ids: _containers.RepeatedScalarFieldContainer[str]
     complete: bool
     redelivered: bool
-    def __init__(self, step: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[_sample_pb2.Sample, _Mapping]]] = ..., group_ids: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ..., redelivered: _Optional[bool] = ...) -> None: ...
+    acked_samples: int
+    def __init__(self, step: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[_sample_pb2.Sample, _Mapping]]] = ..., group_ids: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ..., redelivered: _Optional[bool] = ..., acked_samples: _Optional[int] = ...) -> None: ...
 
 class AckRequest(_message.Message):
     __slots__ = ("committed_step", "consumer")

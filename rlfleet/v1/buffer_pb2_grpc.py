@@ -28,7 +28,8 @@ if _version_not_supported:
 class BufferStub:
     """The buffer is the run's work queue and its durable sample store.
     Rollout replicas Claim prompt groups (the buffer throttles claims: back-pressure and bounded staleness),
-    Put finished samples, the trainer GetBatch-es complete groups and Acks them once a step is committed.
+    Put finished samples, the trainer GetBatch-es complete groups and Acks them once a step is committed (the Ack may
+    ride on the next GetBatch: GetBatchRequest.ack_through_step).
     """
 
     def __init__(self, channel):
@@ -72,7 +73,8 @@ class BufferStub:
 class BufferServicer:
     """The buffer is the run's work queue and its durable sample store.
     Rollout replicas Claim prompt groups (the buffer throttles claims: back-pressure and bounded staleness),
-    Put finished samples, the trainer GetBatch-es complete groups and Acks them once a step is committed.
+    Put finished samples, the trainer GetBatch-es complete groups and Acks them once a step is committed (the Ack may
+    ride on the next GetBatch: GetBatchRequest.ack_through_step).
     """
 
     def Claim(self, request, context):
@@ -155,7 +157,8 @@ def add_BufferServicer_to_server(servicer, server):
 class Buffer:
     """The buffer is the run's work queue and its durable sample store.
     Rollout replicas Claim prompt groups (the buffer throttles claims: back-pressure and bounded staleness),
-    Put finished samples, the trainer GetBatch-es complete groups and Acks them once a step is committed.
+    Put finished samples, the trainer GetBatch-es complete groups and Acks them once a step is committed (the Ack may
+    ride on the next GetBatch: GetBatchRequest.ack_through_step).
     """
 
     @staticmethod

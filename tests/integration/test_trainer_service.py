@@ -96,7 +96,13 @@ class FakeBuffer(buffer_pb2_grpc.BufferServicer):
         self.run_dir, self.events, self.fail_at_step = run_dir, events, fail_at_step
         self.asked: set[int] = set()
 
+    def _acked(self, step: int, via: str) -> None:
+        ckpts = sorted(p.name for p in (self.run_dir / "checkpoints").glob("step_*"))
+        self.events.append(("ack", step, ckpts, via))
+
     def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.ServicerContext) -> buffer_pb2.Batch:
+        if request.HasField("ack_through_step"):      # the Ack folded into GetBatch
+            self._acked(request.ack_through_step, "GetBatch")
         if request.step == self.fail_at_step:
             context.abort(grpc.StatusCode.INTERNAL, "the store is gone")
         if request.step not in self.asked:           # the first ask of each step finds no batch ready yet
@@ -107,8 +113,7 @@ class FakeBuffer(buffer_pb2_grpc.BufferServicer):
         return batch_for(request.step)
 
     def Ack(self, request: buffer_pb2.AckRequest, context: grpc.ServicerContext) -> buffer_pb2.AckReply:
-        ckpts = sorted(p.name for p in (self.run_dir / "checkpoints").glob("step_*"))
-        self.events.append(("ack", request.committed_step, ckpts))
+        self._acked(request.committed_step, "Ack")
         return buffer_pb2.AckReply(acked_samples=4)
 
 
@@ -241,6 +246,7 @@ def test_trainer_process_trains_publishes_checkpoints_acks_and_resumes(tmp_path:
     # acks only after the checkpoint of that step exists, and after that step's publish
     acks = peers.of("ack")
     assert [(a[1], a[2]) for a in acks] == [(1, ["step_00000001"]), (2, ["step_00000001", "step_00000002"])]
+    assert [a[3] for a in acks] == ["GetBatch", "Ack"]   # mid-run: on the next GetBatch; after the last step: Ack
     order = [(e[0], e[1]) for e in peers.events if e[0] in ("ack", "publish", "get")]
     assert order.index(("publish", 2)) < order.index(("ack", 1)) < order.index(("get", 2))
 
@@ -273,7 +279,8 @@ def test_trainer_process_trains_publishes_checkpoints_acks_and_resumes(tmp_path:
     assert first[:4] == [("ack", 2), ("publish", 3), ("get", 3), ("publish", 4)]
     resumed = peers2.of("publish")[0]
     assert resumed[3].digest == publishes[-1][3].digest          # exactly the weights the first run ended with
-    assert [(a[1], a[2][-1]) for a in peers2.of("ack")] == [(2, "step_00000002"), (3, "step_00000003")]
+    assert [(a[1], a[2][-1], a[3]) for a in peers2.of("ack")] == [(2, "step_00000002", "Ack"),
+                                                                   (3, "step_00000003", "GetBatch")]
 
     # lineage: the first incarnation from version 0; the resumed one joins it at the version it resumed (3), and
     # both name it in every GetBatch (stored in run/trainer/lineage.json)

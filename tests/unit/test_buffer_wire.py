@@ -1,4 +1,5 @@
-"""Byte-level fast paths of the buffer: Batch replies framed from stored bytes, log records written as parts."""
+"""Byte-level fast paths of the buffer: Batch replies framed from stored bytes, Put requests framed from serialized
+samples, log records written as parts."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.internal.encoder import _VarintBytes
 
+from rlfleet.put_wire import encode_put_request, varint
 from rlfleet.services.buffer.mutations import Add, Close, Counters, Issue, Mutation, encode
 from rlfleet.services.buffer.stores.embedded import _body, _body_parts
 from rlfleet.services.buffer.stores.logfile import AppendLog, frame, frame_parts, read_records
-from rlfleet.services.buffer.wire import encode_batch, varint
+from rlfleet.services.buffer.wire import encode_batch
 from rlfleet.v1 import buffer_pb2, sample_pb2
 
 
@@ -32,6 +34,19 @@ def test_encoded_batch_parses_as_the_batch_message() -> None:
                             complete=True, redelivered=True)
     assert got == want
     assert buffer_pb2.Batch.FromString(encode_batch(0, [], [], False, False)) == buffer_pb2.Batch()
+
+
+def test_encoded_put_request_parses_as_the_put_message() -> None:
+    raws = [sample(0, 3), sample(1, 40_000)]
+    got = buffer_pb2.PutRequest.FromString(encode_put_request(raws, 2.5))
+    assert got == buffer_pb2.PutRequest(samples=[sample_pb2.Sample.FromString(r) for r in raws], wait_seconds=2.5)
+    assert [m.SerializeToString() for m in got.samples] == raws
+    assert encode_put_request([], 0.0) == b"" and buffer_pb2.PutRequest.FromString(b"") == buffer_pb2.PutRequest()
+
+
+def test_encoded_batch_carries_the_folded_ack_count() -> None:
+    got = buffer_pb2.Batch.FromString(encode_batch(4, [sample(0, 2)], ["g3"], True, False, acked_samples=9))
+    assert (got.step, got.acked_samples, got.redelivered, len(got.samples)) == (4, 9, False, 1)
 
 
 def test_headers_keep_their_format() -> None:

@@ -93,7 +93,8 @@ class FinishingStub:
             threading.Event().wait(0.01)
         return buffer_pb2.ClaimReply(finished=True)
 
-    def Put(self, request: buffer_pb2.PutRequest, timeout: float) -> buffer_pb2.PutReply:
+    def Put(self, data: bytes, timeout: float) -> buffer_pb2.PutReply:
+        request = buffer_pb2.PutRequest.FromString(data)
         self.puts.extend(request.samples)
         return buffer_pb2.PutReply(accepted=len(request.samples))
 
@@ -114,7 +115,7 @@ def test_finished_run_aborts_the_groups_in_flight() -> None:
                         threading.Event())
     stub = FinishingStub(engine, size=3)
     loop._stub = cast(buffer_pb2_grpc.BufferStub, stub)
-    loop._putter._stub = cast(buffer_pb2_grpc.BufferStub, stub)
+    loop._putter._put = stub.Put
     assert loop.run() is True
     loop._pool.shutdown(wait=True)
     assert len(engine.aborted) == 3 and not engine.pending           # nothing left holding a slot

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import cast
 
 import grpc
 
 from rlfleet.protocols import GroupTicket, Prompt
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
-from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
+from rlfleet.v1 import buffer_pb2
 from tests.support.engine_context import EngineContext
 from tests.support.engine_double import EngineDouble
 
@@ -34,7 +33,8 @@ class FakeStub:
         self.errors = list(errors)
         self.puts: list[buffer_pb2.PutRequest] = []
 
-    def Put(self, request: buffer_pb2.PutRequest, timeout: float) -> buffer_pb2.PutReply:
+    def Put(self, data: bytes, timeout: float) -> buffer_pb2.PutReply:
+        request = buffer_pb2.PutRequest.FromString(data)          # what the buffer parses from the framed bytes
         self.puts.append(request)
         if self.errors:
             raise Code(self.errors.pop(0))
@@ -47,13 +47,13 @@ def sample(index: int) -> Sample:
 
 def test_put_retries_until_the_buffer_takes_the_sample() -> None:
     stub = FakeStub([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED])
-    assert SamplePutter(cast(buffer_pb2_grpc.BufferStub, stub), SETTINGS, threading.Event()).put(sample(0))
+    assert SamplePutter(stub.Put, SETTINGS, threading.Event()).put(sample(0))
     assert len(stub.puts) == 3 and all(p.samples[0].group_id == "g" for p in stub.puts)
 
 
 def test_put_refused_as_invalid_is_not_retried() -> None:
     stub = FakeStub([grpc.StatusCode.INVALID_ARGUMENT])
-    assert not SamplePutter(cast(buffer_pb2_grpc.BufferStub, stub), SETTINGS, threading.Event()).put(sample(0))
+    assert not SamplePutter(stub.Put, SETTINGS, threading.Event()).put(sample(0))
     assert len(stub.puts) == 1
 
 
@@ -71,7 +71,7 @@ def test_failing_rollout_fn_puts_failed_samples_for_the_rest_of_its_group() -> N
         loop = WorkLoop(ch, engine, EngineContext(engine), {7: Prompt(index=7, text="x")}, rollout_fn, SETTINGS,
                         threading.Event())
     stub = FakeStub([])
-    loop._putter = SamplePutter(cast(buffer_pb2_grpc.BufferStub, stub), SETTINGS, threading.Event())
+    loop._putter = SamplePutter(stub.Put, SETTINGS, threading.Event())
     loop._run_group(GroupTicket(group_id="g", prompt_index=7, group_size=3))
     got = {p.samples[0].index: p.samples[0] for p in stub.puts}
     assert sorted(got) == [0, 1, 2]

@@ -42,6 +42,35 @@ def test_build_train_batch_pads_and_masks() -> None:
     assert b.sample_ids == ["a/0", "a/1", "b/0"]
 
 
+def test_batch_from_the_wire_decodes_to_the_hand_written_arrays() -> None:
+    """Batch message -> rank_groups -> build_train_batch (the vectorised scatter), with a partial rollout's token
+    versions, a loss mask given and one left out, an empty prompt and an empty response."""
+    samples = [Sample(group_id="g0", index=0, group_size=2, prompt_ids=[7, 8], response_ids=[9, 10, 11],
+                      rollout_logprobs=[-0.25, -0.5, -1.0], loss_mask=[1, 0, 1], weight_version=4,
+                      token_versions=[3, 3, 4]),
+               Sample(group_id="g0", index=1, group_size=2, prompt_ids=[], response_ids=[12, 13],
+                      rollout_logprobs=[-2.0, -4.0], weight_version=4),
+               Sample(group_id="g1", index=0, group_size=2, prompt_ids=[5, 6, 7, 8, 9], response_ids=[],
+                      rollout_logprobs=[], weight_version=2),
+               Sample(group_id="g1", index=1, group_size=2, prompt_ids=[1], response_ids=[2],
+                      rollout_logprobs=[-0.125], loss_mask=[0], weight_version=2)]
+    wire = buffer_pb2.Batch(step=0, samples=[s.to_proto() for s in samples], group_ids=["g0", "g1"], complete=True)
+    decoded = buffer_pb2.Batch.FromString(wire.SerializeToString())
+    b = build_train_batch([s for g in rank_groups(decoded, 0, 1) for s in g], pad_id=99)
+    assert torch.equal(b.input_ids, torch.tensor([[7, 8, 9, 10, 11], [12, 13, 99, 99, 99], [5, 6, 7, 8, 9],
+                                                  [1, 2, 99, 99, 99]]))
+    assert torch.equal(b.attention_mask, torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1],
+                                                       [1, 1, 0, 0, 0]]))
+    assert torch.equal(b.response_start, torch.tensor([2, 0, 5, 1]))
+    assert torch.equal(b.response_mask, torch.tensor([[1.0, 0, 1], [0, 1, 0], [0, 0, 0], [0, 0, 0]]))
+    assert torch.equal(b.rollout_logprobs, torch.tensor([[-0.25, -0.5, -1.0], [-2.0, -4.0, 0], [0, 0, 0],
+                                                         [-0.125, 0, 0]]))
+    assert torch.equal(b.extras["token_versions"], torch.tensor([[3, 3, 4], [4, 4, 4], [2, 2, 2], [2, 2, 2]]))
+    assert torch.equal(b.group_index, torch.tensor([0, 0, 1, 1]))
+    assert (b.input_ids.dtype, b.attention_mask.dtype, b.response_mask.dtype, b.rollout_logprobs.dtype) == (
+        torch.int64, torch.int64, torch.float32, torch.float32)
+
+
 def test_empty_prompt_masks_the_unpredictable_first_token() -> None:
     b = build_train_batch([_sample("a", 0, [], [3, 4])])
     assert torch.equal(b.response_mask, torch.tensor([[0.0, 1.0]]))

@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 from rlfleet.lineage import Epoch
 from rlfleet.metrics import BufferMetrics
-from rlfleet.sample import SampleError, sample_key, validate_message
+from rlfleet.sample import sample_key
+from rlfleet.sample_batch_check import first_invalid
 from rlfleet.sample_limits import SampleLimits
 from rlfleet.services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted
 from rlfleet.services.buffer.filters import GroupFilter
@@ -109,6 +110,7 @@ class BatchResult:
     group_ids: list[str]
     complete: bool
     redelivered: bool
+    acked: int = 0                 # samples the call's ack_through acknowledged
 
 
 class BufferCore:
@@ -247,7 +249,7 @@ class BufferCore:
     def put(self, samples: Sequence[sample_pb2.Sample], wait: float) -> PutResult:
         """Store samples durably. Malformed input refuses the whole call. Samples of a cancelled group are not stored:
         counted as dropped (aborted), once per index."""
-        pairs = [(m, self._check(m)) for m in samples]
+        pairs = self._checked(samples)
         end = time.monotonic() + max(0.0, wait)
         dropped = settled = 0               # samples of cancelled groups: counted as aborted / already counted
         with self._cond:
@@ -278,16 +280,19 @@ class BufferCore:
                                      f"{self.settings.capacity}; retry later")
                 self._cond.wait(remaining)
 
-    def _check(self, msg: sample_pb2.Sample) -> bytes:
-        raw = msg.SerializeToString()
-        if len(raw) > self.settings.max_sample_bytes:
-            raise InvalidSample(f"sample {msg.group_id}/{msg.index} is {len(raw)} bytes, over the limit of "
-                                f"{self.settings.max_sample_bytes}")
-        try:
-            validate_message(msg, self._limits())
-        except SampleError as exc:
-            raise InvalidSample(f"sample {msg.group_id}/{msg.index}: {exc}") from None
-        return raw
+    def _checked(self, samples: Sequence[sample_pb2.Sample]) -> list[tuple[sample_pb2.Sample, bytes]]:
+        """(message, its bytes) of each sample; InvalidSample naming the first one over the size limit or invalid
+        (validate_message's checks, run over all the samples at once: rlfleet.sample_batch_check)."""
+        pairs = [(m, m.SerializeToString()) for m in samples]
+        for msg, raw in pairs:
+            if len(raw) > self.settings.max_sample_bytes:
+                raise InvalidSample(f"sample {msg.group_id}/{msg.index} is {len(raw)} bytes, over the limit of "
+                                    f"{self.settings.max_sample_bytes}")
+        bad = first_invalid(samples, self._limits())
+        if bad is not None:
+            msg = samples[bad[0]]
+            raise InvalidSample(f"sample {msg.group_id}/{msg.index}: {bad[1]}")
+        return pairs
 
     def _newest_version(self) -> int | None:
         """The newest weight version a caller may name: the trainer's policy version plus the allowed lead."""
@@ -299,24 +304,37 @@ class BufferCore:
     # ---- GetBatch ------------------------------------------------------------------------------------------------
     @durable_reply
     def get_batch(self, step: int, num_groups: int, policy_version: int, wait: float,
-                  lineage: Sequence[Epoch] = ()) -> BatchResult:
+                  lineage: Sequence[Epoch] = (), ack_through: int | None = None) -> BatchResult:
         """lineage: the trainer's (rlfleet/lineage.py); groups with a sample outside it are dropped
-        (abandoned_lineage), like those newer than policy_version."""
+        (abandoned_lineage), like those newer than policy_version. ack_through: first acknowledge every batch up to
+        that step exactly as ack() does (it must be < step), in the same commit as the delivery (or on its own when
+        the call delivers nothing new); durable before the reply, like the delivery."""
         n = num_groups or self.settings.groups_per_step
         end = time.monotonic() + max(0.0, wait)
+        if ack_through is not None and ack_through >= step:
+            raise InvalidRequest(f"ack_through_step {ack_through} must be before the step asked for ({step})")
+        acked = 0
         with self._cond:
+            first = True
             while True:
                 self._ensure_loaded()
                 st = self.state
+                ack = self._ack_steps(ack_through) if first and ack_through is not None else None
+                first = False
+                acked += ack.samples if ack is not None else 0
+                acks: list[Mutation] = [ack] if ack is not None else []
                 if step in st.batches:
-                    return self._batch(step, st.batches[step].gids, redelivered=True)
+                    if acks:
+                        self._commit(acks)
+                    return self._batch(step, st.batches[step].gids, redelivered=True, acked=acked)
                 if step <= st.committed_step:
                     raise StepCommitted(f"step {step} is already committed (committed_step {st.committed_step})")
                 newest = self._newest_version()
                 if newest is not None and policy_version > newest:
                     raise InvalidRequest(f"policy_version {policy_version} is more than {self.version_lead} ahead "
                                          f"of the last one reported ({st.policy_version})")
-                muts: list[Mutation] = [] if policy_version == st.policy_version else [Policy(policy_version)]
+                muts: list[Mutation] = [*acks, *([] if policy_version == st.policy_version
+                                                 else [Policy(policy_version)])]
                 stale, abandoned, take = self._pick(n, policy_version, lineage)
                 for gone, reason in ((stale, "stale"), (abandoned, "abandoned_lineage")):
                     if gone:
@@ -331,10 +349,10 @@ class BufferCore:
                 if muts:
                     self._commit(muts)
                 if len(take) == n:
-                    return self._batch(step, st.batches[step].gids, redelivered=False)
+                    return self._batch(step, st.batches[step].gids, redelivered=False, acked=acked)
                 remaining = end - time.monotonic()
                 if remaining <= 0:
-                    return BatchResult(step, [], [], complete=False, redelivered=False)
+                    return BatchResult(step, [], [], complete=False, redelivered=False, acked=acked)
                 self._cond.wait(remaining)
 
     def _pick(self, n: int, policy_version: int, lineage: Sequence[Epoch] = ()
@@ -377,9 +395,10 @@ class BufferCore:
             out.append(Stale(tuple(g.gid for g in left), tuple(g.ready_seq for g in left), seqs, len(seqs), "aborted"))
         return out
 
-    def _batch(self, step: int, gids: Sequence[str], redelivered: bool) -> BatchResult:
+    def _batch(self, step: int, gids: Sequence[str], redelivered: bool, acked: int = 0) -> BatchResult:
         groups = [self.state.delivered[gid] for gid in gids]
-        return BatchResult(step, [e.data for g in groups for e in g.entries()], list(gids), True, redelivered)
+        return BatchResult(step, [e.data for g in groups for e in g.entries()], list(gids), True, redelivered,
+                           acked)
 
     # ---- Ack -----------------------------------------------------------------------------------------------------
     def ack(self, committed_step: int) -> int:
@@ -389,18 +408,26 @@ class BufferCore:
         again when it resumes."""
         with self._cond:
             self._ensure_loaded()
-            st = self.state
-            delivered = max(st.batches, default=st.committed_step)
-            if committed_step > max(delivered, st.committed_step):
-                raise InvalidRequest(f"committed_step {committed_step} is past the last delivered step {delivered}")
-            steps = sorted(s for s in st.batches if s <= committed_step)
-            if not steps and committed_step <= st.committed_step:
+            mut = self._ack_steps(committed_step)
+            if mut is None:
                 return 0
-            groups = [st.delivered[gid] for s in steps for gid in st.batches[s].gids]
-            entries = [e for g in groups for e in g.entries()]
-            self._commit([AckSteps(committed_step, tuple(steps), tuple(g.ready_seq for g in groups),
-                                   tuple(e.seq for e in entries), len(entries), len(groups))])
-            return len(entries)
+            self._commit([mut])
+            return mut.samples
+
+    def _ack_steps(self, committed_step: int) -> AckSteps | None:
+        """The mutation acknowledging every batch up to committed_step (None: nothing left to acknowledge).
+        InvalidRequest past the last delivered step. Called with the lock held."""
+        st = self.state
+        delivered = max(st.batches, default=st.committed_step)
+        if committed_step > max(delivered, st.committed_step):
+            raise InvalidRequest(f"committed_step {committed_step} is past the last delivered step {delivered}")
+        steps = sorted(s for s in st.batches if s <= committed_step)
+        if not steps and committed_step <= st.committed_step:
+            return None
+        groups = [st.delivered[gid] for s in steps for gid in st.batches[s].gids]
+        entries = [e for g in groups for e in g.entries()]
+        return AckSteps(committed_step, tuple(steps), tuple(g.ready_seq for g in groups),
+                        tuple(e.seq for e in entries), len(entries), len(groups))
 
     # ---- Reject ---------------------------------------------------------------------------------------------------
     @durable_reply

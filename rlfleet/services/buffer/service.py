@@ -74,10 +74,11 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
     def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.ServicerContext) -> bytes:
         """The encoded rlfleet.v1.Batch (see add_to_server)."""
         lineage = [Epoch(e.epoch, e.base_version) for e in request.lineage]
+        ack = request.ack_through_step if request.HasField("ack_through_step") else None
         res = self._call(context, lambda: self.core.get_batch(request.step, request.num_groups,
                                                               request.policy_version,
-                                                              _wait(request.wait_seconds, context), lineage))
-        return encode_batch(res.step, res.samples, res.group_ids, res.complete, res.redelivered)
+                                                              _wait(request.wait_seconds, context), lineage, ack))
+        return encode_batch(res.step, res.samples, res.group_ids, res.complete, res.redelivered, res.acked)
 
     def Ack(self, request: buffer_pb2.AckRequest, context: grpc.ServicerContext) -> buffer_pb2.AckReply:
         return buffer_pb2.AckReply(acked_samples=self._call(context, lambda: self.core.ack(request.committed_step)))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from rlfleet.protocols import DataSource, GroupTicket, RolloutContext, RolloutFn, iter_samples
+from rlfleet.put_wire import RawPut, encode_put_request, raw_put
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.context import GroupContext
 from rlfleet.services.rollout.engines.base import Engine
@@ -39,10 +40,12 @@ class WorkSettings:
 
 
 class SamplePutter:
-    """Put one sample; on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED keep it and retry with backoff."""
+    """Put one sample; on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED keep it and retry with backoff.
+    put: Buffer.Put taking an encoded PutRequest (rlfleet.put_wire.raw_put): the sample is serialized once and
+    framed, never copied into a PutRequest message (which costs ~8x more to serialize for a large sample)."""
 
-    def __init__(self, stub: buffer_pb2_grpc.BufferStub, settings: WorkSettings, stop: threading.Event) -> None:
-        self._stub, self._s, self._stop = stub, settings, stop
+    def __init__(self, put: RawPut, settings: WorkSettings, stop: threading.Event) -> None:
+        self._put, self._s, self._stop = put, settings, stop
 
     def put(self, sample: Sample) -> bool:
         return self.deliver(sample) in (ACCEPTED, DUPLICATE, CANCELLED)
@@ -51,12 +54,11 @@ class SamplePutter:
         """ACCEPTED; DUPLICATE (the buffer no longer waits for this group: complete, dropped or re-issued and done
         elsewhere); CANCELLED (the buffer cancelled the group: dropped, counted as aborted); REFUSED; or STOPPED (stop
         was set while retrying)."""
-        msg = sample.to_proto()
+        request = encode_put_request([sample.to_proto().SerializeToString()], self._s.put_wait)
         backoff = 0.2
         while True:
             try:
-                reply = self._stub.Put(buffer_pb2.PutRequest(samples=[msg], wait_seconds=self._s.put_wait),
-                                       timeout=self._s.put_wait + self._s.deadline_slack)
+                reply = self._put(request, timeout=self._s.put_wait + self._s.deadline_slack)
                 if reply.accepted:
                     return ACCEPTED
                 return CANCELLED if reply.cancelled else DUPLICATE if reply.duplicates else ACCEPTED
@@ -83,7 +85,7 @@ class WorkLoop:
         self._engine, self._ctx, self._data, self._fn = engine, ctx, data, rollout_fn
         self._s = settings
         self._stop = stop
-        self._putter = SamplePutter(self._stub, settings, stop)
+        self._putter = SamplePutter(raw_put(channel), settings, stop)
         self._on_sample = on_sample
         self._pool = ThreadPoolExecutor(max_workers=settings.claim_groups, thread_name_prefix="group")
         self._in_flight: set[Future[None]] = set()

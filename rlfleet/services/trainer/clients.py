@@ -60,20 +60,34 @@ class BufferClient:
         self.lineage: Sequence[Epoch] = ()          # named in every GetBatch (rlfleet/lineage.py)
         self._channel = channel(address, token)
         self._stub = buffer_pb2_grpc.BufferStub(self._channel)
+        self._get_batch = self._channel.unary_unary(            # the reply's bytes too: rank 0 broadcasts them as is
+            "/rlfleet.v1.Buffer/GetBatch", request_serializer=buffer_pb2.GetBatchRequest.SerializeToString,
+            response_deserializer=None)
 
-    def get_batch(self, step: int, num_groups: int, policy_version: int) -> buffer_pb2.Batch:
-        """Block until the buffer delivers the complete batch for `step`."""
+    def get_batch(self, step: int, num_groups: int, policy_version: int,
+                  ack_through: int | None = None) -> buffer_pb2.Batch:
+        return self.get_batch_bytes(step, num_groups, policy_version, ack_through)[0]
+
+    def get_batch_bytes(self, step: int, num_groups: int, policy_version: int,
+                        ack_through: int | None = None) -> tuple[buffer_pb2.Batch, bytes]:
+        """Block until the buffer delivers the complete batch for `step`: (the Batch, its wire bytes). ack_through:
+        the last committed step, whose Ack rides on this GetBatch (GetBatchRequest.ack_through_step) instead of a
+        separate Ack call; the first poll carries it (a retry carries it again: acks are cumulative)."""
         req = buffer_pb2.GetBatchRequest(step=step, num_groups=num_groups, policy_version=policy_version,
                                          wait_seconds=BATCH_POLL, consumer=self.consumer,
                                          lineage=[buffer_pb2.LineageEpoch(epoch=e.epoch, base_version=e.base_version)
                                                   for e in self.lineage])
+        if ack_through is not None:
+            req.ack_through_step = ack_through
         while True:
-            batch = call("Buffer.GetBatch", self.address, self._stub.GetBatch, req, BATCH_POLL + DEFAULT_DEADLINE)
+            data: bytes = call("Buffer.GetBatch", self.address, self._get_batch, req, BATCH_POLL + DEFAULT_DEADLINE)
+            req.ClearField("ack_through_step")           # applied (durably) by the call that answered
+            batch = buffer_pb2.Batch.FromString(data)
             if batch.complete:
                 if len(batch.group_ids) != num_groups:
                     raise PeerError(f"Buffer.GetBatch at {self.address}: step {step} came with "
                                     f"{len(batch.group_ids)} groups, asked for {num_groups}")
-                return batch
+                return batch, data
 
     def ack(self, committed_step: int) -> int:
         reply = call("Buffer.Ack", self.address, self._stub.Ack,

@@ -119,6 +119,7 @@ class Trainer:
         self.limits = BatchLimits(max_seq_len=t.max_seq_len, vocab_size=model_limits(cfg.model_path).vocab_size)
         self.version = 0
         self.committed = -1
+        self.ack_due: int | None = None     # rank 0: a committed step not yet acked; rides on the next GetBatch
 
     # -- start-up -------------------------------------------------------------------------------------------------
 
@@ -192,16 +193,22 @@ class Trainer:
             follow_publish(state, self.device, version=version, step=step)
         self.version = version
 
-    def _checkpoint(self, backend: TrainerBackend, step: int) -> None:
+    def _checkpoint(self, backend: TrainerBackend, step: int, final: bool) -> None:
+        """Save; the buffer acknowledges the step's batches (and earlier ones) once the checkpoint is on disk: by the
+        next step's GetBatch (ack_through_step), or by an Ack call after the last step."""
         path = backend.save_checkpoint(self.run_dir, step, self.version, self.cfg.trainer.keep_checkpoints)
         if self.rank == 0 and self.cfg.security.signing_key:
             seal(path, Signer.from_file(self.cfg.security.signing_key))
         call_hooks(self.hooks, "after_save", step, str(path))
         if self.leader:
             export_checkpoint(path)                  # hf/model.safetensors: loadable with from_pretrained
-            acked = self.leader.buffer.ack(step)
             self.leader.state.checkpoint_taken(step, str(path))
-            log.info("checkpoint %s; acked %d samples up to step %d", path, acked, step)
+            if final:
+                acked = self.leader.buffer.ack(step)
+                log.info("checkpoint %s; acked %d samples up to step %d", path, acked, step)
+            else:
+                self.ack_due = step
+                log.info("checkpoint %s; step %d is acked with the next GetBatch", path, step)
         self.committed = step
 
     def _evaluate(self, step: int) -> dict[str, float]:
@@ -212,18 +219,28 @@ class Trainer:
         return metrics
 
     def _fetch_batch(self, step: int) -> buffer_pb2.Batch:
-        data = self._usable_batch(step).SerializeToString() if self.leader else None
-        return buffer_pb2.Batch.FromString(broadcast_bytes(data, self.device))
+        """Rank 0 broadcasts the batch's bytes as the buffer sent them (never serialized again) and keeps the parsed
+        Batch; the other ranks parse them."""
+        if self.leader:
+            batch, data = self._usable_batch(step)
+            broadcast_bytes(data, self.device)
+            return batch
+        return buffer_pb2.Batch.FromString(broadcast_bytes(None, self.device))
 
-    def _usable_batch(self, step: int) -> buffer_pb2.Batch:
-        """Rank 0: the batch for `step`, after quarantining (Buffer.Reject) every group this trainer cannot train on
-        and asking again (rlfleet.services.trainer.batch_check): bad data never crash-loops the trainer."""
+    def _usable_batch(self, step: int) -> tuple[buffer_pb2.Batch, bytes]:
+        """Rank 0: the batch for `step` (and its bytes), after quarantining (Buffer.Reject) every group this trainer
+        cannot train on and asking again (rlfleet.services.trainer.batch_check): bad data never crash-loops it."""
         assert self.leader is not None
         for _ in range(MAX_REJECTS_IN_A_ROW):
-            batch = self.leader.buffer.get_batch(step, self.cfg.trainer.groups_per_step, self.version)
+            batch, data = self.leader.buffer.get_batch_bytes(step, self.cfg.trainer.groups_per_step, self.version,
+                                                             self.ack_due)
+            if self.ack_due is not None:
+                log.info("acked %d samples up to step %d (with GetBatch for step %d)", batch.acked_samples,
+                         self.ack_due, step)
+                self.ack_due = None
             try:
                 check_batch(batch, self.limits)
-                return batch
+                return batch, data
             except BatchUnusable as exc:
                 self._quarantine(batch, exc)
         raise RuntimeError(f"step {step}: {MAX_REJECTS_IN_A_ROW} batches in a row held groups this trainer cannot "
@@ -305,7 +322,7 @@ class Trainer:
             requested = self.leader is not None and self.leader.state.checkpoint_requested()
             requested = all_reduce_sum([float(requested)], self.device)[0] > 0
             if final or requested or (step + 1) % t.checkpoint_every == 0:
-                self._checkpoint(backend, step)
+                self._checkpoint(backend, step, final)
             t4 = time.monotonic()
             last = {**last, **batch_stats(batch), "train_seconds": t2 - t1, "publish_seconds": t3 - t2,
                     "checkpoint_seconds": t4 - t3}

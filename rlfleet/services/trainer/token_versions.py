@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from rlfleet.protocols import TrainBatch
@@ -24,7 +25,7 @@ def token_versions_tensor(samples: Sequence[Sample], resp_len: int) -> torch.Ten
     out = torch.tensor([int(s.weight_version) for s in samples], dtype=torch.int64)[:, None].repeat(1, resp_len)
     for row, s in enumerate(samples):
         if s.token_versions:
-            out[row, :len(s.token_versions)] = torch.tensor(s.token_versions, dtype=torch.int64)
+            out[row, :len(s.token_versions)] = torch.from_numpy(np.asarray(s.token_versions, dtype=np.int64))
     return out
 
 
