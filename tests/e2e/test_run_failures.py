@@ -29,7 +29,7 @@ def _alive(pid: int) -> bool:
 
 def test_reward_that_raises_is_recorded_and_run_goes_on(tmp_path: Path, warm_model: Path) -> None:
     run_dir = tmp_path / "run"
-    result = run_rlfleet(run_dir, warm_model, {"trainer.steps": 4, "eval.every_steps": 0,
+    result = run_rlfleet(run_dir, warm_model, {"trainer.steps": 4, "eval.data_source": None,
                                                "rollout.reward_fn": "tests.support.flaky_reward:flaky_exact_match"})
     assert result.returncode == 0, failure_report(result, run_dir)
     s = summary(run_dir)
@@ -56,7 +56,7 @@ def _start(tmp_path: Path, warm_model: Path,
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(rlfleet_cmd(ROOT / "examples/addition/config.yaml", run_dir, warm_model,
-                                        {"trainer.steps": 500, "eval.every_steps": 0}),
+                                        {"trainer.steps": 500, "eval.data_source": None}),
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=_ignore_sigint if ignore_sigint else None)
     metrics = run_dir / "metrics" / "trainer.jsonl"
