@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import urllib.request
 
 from prometheus_client import CollectorRegistry
@@ -14,11 +13,6 @@ _SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum",
              "gauge": ("",), "summary": ("_sum", "_count", "_created", ""), "untyped": ("",), "info": ("_info",)}
 _NAME = re.compile(r"(?<![\w:])(rlfleet_[a-zA-Z0-9_]*)")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def names_in_exposition(text: str) -> set[str]:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.exported import free_port, names_in_exposition, scrape
+from rlfleet.ports import free_port
+from tests.cluster.exported import names_in_exposition, scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("buffer", "weight_sync", "trainer", "rollout")

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from rlfleet.metrics import serve_metrics
+from rlfleet.ports import free_port
 from tests.cluster.chart import by_kind, render
-from tests.cluster.exported import free_port, names_in_exposition, names_in_promql, scrape, sdk_registry
+from tests.cluster.exported import names_in_exposition, names_in_promql, scrape, sdk_registry
 from tests.cluster.tools import need_binary, need_module
 
 ROOT = Path(__file__).resolve().parents[2]

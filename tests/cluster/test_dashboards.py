@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlfleet.metrics import serve_metrics
-from tests.cluster.exported import free_port, names_in_exposition, names_in_promql, scrape, sdk_registry
+from rlfleet.ports import free_port
+from tests.cluster.exported import names_in_exposition, names_in_promql, scrape, sdk_registry
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "deploy/helm/rlfleet/dashboards").glob("*.json"))
 

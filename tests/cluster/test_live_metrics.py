@@ -13,7 +13,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rlfleet.metrics import ControllerMetrics, serve_metrics
-from tests.cluster.exported import free_port, names_in_exposition, names_in_promql, scrape
+from rlfleet.ports import free_port
+from tests.cluster.exported import names_in_exposition, names_in_promql, scrape
 from tests.cluster.live_services import SERVICES, LiveServices, write_config
 
 ROOT = Path(__file__).resolve().parents[2]

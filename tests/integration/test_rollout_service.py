@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import yaml
 
 from rlfleet.metrics import read_jsonl
 from rlfleet.packed_arrays import pack_i32, unpack_f32, unpack_i32
+from rlfleet.ports import free_port
 from rlfleet.protocols import SamplingParams
 from rlfleet.rpc import Server, channel, wait_healthy
 from rlfleet.sample import Sample, Status, validate_message
@@ -106,11 +106,6 @@ class FakeWeightSync(weight_sync_pb2_grpc.WeightSyncServicer):
             time.sleep(0.05)
         return self.acks
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(tmp: Path, model_dir: Path, buffer: str, weight_sync: str, rollout: str, **rollout_extra) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from rlfleet.ports import free_port
 from rlfleet.rpc import channel, wait_healthy
 from rlfleet.services.weight_sync.transports import get_receiver
 from rlfleet.services.weight_sync.transports.bucketed import BucketedSender
@@ -26,11 +26,6 @@ torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "process-token"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(tmp: Path, address: str) -> Path:

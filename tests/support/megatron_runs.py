@@ -4,7 +4,6 @@ backend (the latter behind the CPU shims) and write metrics and the gathered HF 
 from __future__ import annotations
 
 import json
-import socket
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
+from rlfleet.ports import free_port
 from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve
@@ -121,11 +121,6 @@ def _worker(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
     finally:
         dist.destroy_process_group()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_run(out: Path, model_dir: Path, backend: str, world: int, vocab: int, steps: int = 2, tp: int = 1,

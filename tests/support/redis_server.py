@@ -6,20 +6,16 @@ kill9() and restart() simulate a crash; the same port and folder are reused, so 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
+from rlfleet.ports import free_port
+
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:

@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlfleet.ports import free_port
 from rlfleet.services.rollout.engines.base import EngineError
 from rlfleet.services.rollout.engines.sglang.client import SGLangClient
 from rlfleet.services.rollout.engines.sglang.routes import SERVER_FLAG as ROUTES_FLAG
 
 DEFAULT_PYTHON = Path(".venv-sglang/bin/python")
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
