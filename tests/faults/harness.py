@@ -376,13 +376,20 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
 
 
 def main() -> int:
+    mode = argparse.ArgumentParser(add_help=False)
+    mode.add_argument("--mode", choices=["thread", "run"], default="thread")
+    known, rest = mode.parse_known_args()
+    if known.mode == "run":
+        from tests.faults.run_mode import main as run_main
+
+        return run_main(rest)
     parser = argparse.ArgumentParser(description="seeded fault runs of the buffer service")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--store", choices=["embedded", "redis", "both"], default="both")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--faults", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(rest)
     from tests.faults.ledger import summarize
 
     stores = ["embedded", "redis"] if args.store == "both" else [args.store]
