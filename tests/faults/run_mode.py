@@ -38,6 +38,7 @@ from tests.support.runs import EXAMPLE, ROOT, rlfleet_cmd
 SERVICE_FAULTS = ("replica_kill9", "replica_stop", "trainer_kill9", "trainer_stop", "buffer_kill9", "buffer_stop",
                   "weight_sync_kill9", "weight_sync_stop")
 REDIS_FAULTS = ("redis_kill9", "redis_stop")
+RUN_ENDING = ("trainer_kill9", "buffer_kill9", "weight_sync_kill9")   # the launcher stops the run: resumed
 RUN_NAME = "faults"
 
 
@@ -117,6 +118,7 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 24, faults: int = 3
     run_dir = work / "run"
     redis = RedisServer(work / "redis").start() if store == "redis" else None
     ledger, events, errors = Ledger(), [], []
+    not_before: dict[int, float] = {}     # id(fault) -> a run-ending fault recovers only on a step after this time
     plan = schedule(seed, store, steps, faults, kinds)
     base = rlfleet_cmd(EXAMPLE, run_dir, model, overrides(run_dir, model, steps, store,
                                                            redis.url if redis else None))
@@ -129,7 +131,7 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 24, faults: int = 3
         while True:
             for step in sorted(set(complete_steps(run_dir)) - seen):
                 seen.add(step)
-                committed(ledger, step, completed_at(run_dir, step))
+                committed(ledger, step, completed_at(run_dir, step), not_before)
                 progress = time.monotonic()
             code = launcher.proc.poll()
             if code is not None:
@@ -140,6 +142,9 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 24, faults: int = 3
                     errors.append(f"run still failing after {launches} resumes (last exit {code}); see {work}")
                     break
                 launches += 1
+                for f in ledger.faults:             # a checkpoint the dying run finished is no recovery
+                    if f.kind in RUN_ENDING and not f.recovered:
+                        not_before[id(f)] = min(not_before.get(id(f), float("inf")), time.monotonic())
                 events.append(f"{time.monotonic() - started:6.2f}s run exited {code}: resume")
                 launcher = Launcher([*base, "--resume"], work / "launcher.log")
                 continue
@@ -150,9 +155,16 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 24, faults: int = 3
                 p = plan.pop(0)
                 time.sleep(p.delay)
                 events.append(f"{time.monotonic() - started:6.2f}s {inject(p, launcher, run_dir, redis, ledger)}")
+                if p.kind in RUN_ENDING and ledger.faults and ledger.faults[-1].kind == p.kind:
+                    not_before.setdefault(id(ledger.faults[-1]), float("inf"))
             time.sleep(0.1)
     finally:
         launcher.stop()
+        last = max(ledger.committed.values(), default=0.0)
+        for f in [f for f in ledger.faults if not f.recovered and len(ledger.committed) == steps
+                  and f.ended > last]:           # landed after the last step: nothing left to recover
+            ledger.faults.remove(f)
+            events.append(f"{f.kind} landed after the last step (not counted)")
         if plan:
             events.append(f"not injected (the run ended first): {[p.kind for p in plan]}")
     try:
@@ -183,12 +195,13 @@ def completed_at(run_dir: Path, step: int) -> float:
     return mtime - time.time() + time.monotonic()
 
 
-def committed(ledger: Ledger, step: int, when: float) -> None:
-    """A checkpoint seen complete: each fault that ended before it and had not recovered recovers at `when`."""
+def committed(ledger: Ledger, step: int, when: float, not_before: dict[int, float]) -> None:
+    """A checkpoint seen complete: each fault that ended before it and had not recovered recovers at `when` (a
+    run-ending one only on a checkpoint of the resumed run)."""
     with ledger.lock:
         ledger.committed[step] = when
         for f in ledger.faults:
-            if f.ended and not f.recovered and when > f.ended:
+            if f.ended and not f.recovered and when > max(f.ended, not_before.get(id(f), 0.0)):
                 f.recovered = when
 
 
