@@ -20,6 +20,11 @@ Faults (seeded kinds, times, durations):
   replica_kill   a replica incarnation dies mid-group; a new one starts (restarted=True)
   trainer_kill   the trainer incarnation dies after a GetBatch or after writing a record; a new one resumes
 Run: python -m tests.faults.harness --seeds 100 [--store embedded|redis|both] [--steps 16] [--faults 4]
+
+Run mode (tests/faults/run_mode.py): the real `rlfleet run` launcher and its service processes instead of worker
+threads, SIGKILL and SIGSTOP/SIGCONT of a rollout replica, trainer-0, the buffer, weight_sync and redis-server,
+a run the fault ended resumed with --resume; the ledger from durable evidence only (tests/faults/evidence.py):
+python -m tests.faults.harness --mode run --seeds 100 [--store embedded|redis|both] [--steps 24] [--faults 3]
 """
 
 from __future__ import annotations

@@ -245,6 +245,7 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=["embedded", "redis", "both"], default="embedded")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--faults", type=int, default=3)
+    parser.add_argument("--running-totals", action="store_true", help="print the totals after every seed")
     parser.add_argument("--keep", type=Path, default=None, help="keep each seed's work folder under this folder")
     ns = parser.parse_args(args)
     stores = ["embedded", "redis"] if ns.store == "both" else [ns.store]
@@ -261,7 +262,9 @@ def main(args: list[str] | None = None) -> int:
             if not verdict.ok:
                 bad += 1
                 print(f"  FAILED: lost {verdict.lost[:5]} twice {verdict.trained_twice[:5]} "
-                      f"unexpected {verdict.unexpected[:5]}", flush=True)
+                      f"unexpected {verdict.unexpected[:5]} unrecovered {verdict.unrecovered}", flush=True)
+            if ns.running_totals:
+                print(f"  so far [{store}] " + summarize(verdicts[store]).replace("\n", "\n  "), flush=True)
     for store in stores:
         print(f"[{store}] " + summarize(verdicts[store]))
     return 1 if bad else 0
