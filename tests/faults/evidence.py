@@ -5,7 +5,8 @@ put      every sample id the store ever held: the embedded log's Add records (th
          samples stream in redis-server's AOF (appendonly, no rewrite below 64 MiB)
 trained  the committed_ids_rank*.json of every complete checkpoint (rlfleet/committed_ids.py), per step: an id in two
          checkpoints was trained twice
-dropped  the store's drop counters by reason (State.dropped, persisted with every commit)
+dropped  the store's drop counters by reason (State.dropped, persisted with every commit); with the embedded store
+         also per sample id, from the log's records that drop samples (Close, Stale, Cancel, Quarantine)
 stored   ids still in the store at the end (open groups' samples, ready and delivered groups' kept samples)
 """
 
@@ -15,7 +16,7 @@ import json
 from pathlib import Path
 
 from rlfleet.committed_ids import _complete_step
-from rlfleet.services.buffer.mutations import Add
+from rlfleet.services.buffer.mutations import Add, Cancel, Close, Quarantine, Stale
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import Store
 from rlfleet.services.buffer.stores.embedded import LOG_NAME, EmbeddedStore, decode_commit
@@ -41,6 +42,27 @@ def embedded_put_ids(run_dir: Path) -> set[str]:
     """Every sample id an Add record of the embedded log carries (a torn tail is ignored, as replay does)."""
     result = scan(run_dir / "buffer" / LOG_NAME)
     return {f"{m.gid}/{m.index}" for _, body in result.frames for m in decode_commit(body) if isinstance(m, Add)}
+
+
+def embedded_dropped_ids(run_dir: Path) -> dict[str, str]:
+    """sample id -> the reason the embedded log's records dropped it with (a Close naming several reasons for its
+    dropped samples: those reasons joined with '+')."""
+    added: dict[str, set[int]] = {}
+    kept: dict[str, tuple[int, ...]] = {}
+    out: dict[str, str] = {}
+    for _, body in scan(run_dir / "buffer" / LOG_NAME).frames:
+        for m in decode_commit(body):
+            if isinstance(m, Add):
+                added.setdefault(m.gid, set()).add(m.index)
+            elif isinstance(m, Close):
+                kept[m.gid] = m.kept
+                reason = "+".join(sorted(m.drops)) or "closed"
+                out.update({f"{m.gid}/{i}": reason for i in added.get(m.gid, set()) - set(m.kept)})
+            elif isinstance(m, Cancel):
+                out.update({f"{m.gid}/{i}": m.reason for i in m.indices})
+            elif isinstance(m, Stale | Quarantine):
+                out.update({f"{g}/{i}": m.reason for g in m.gids for i in kept.get(g, ())})
+    return out
 
 
 def _resp_commands(data: bytes) -> list[list[bytes]]:

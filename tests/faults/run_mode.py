@@ -14,7 +14,8 @@ process named in RUN_DIR/processes.json (checked to be a child of the current la
 A run that exits non-zero (for whatever reason: the fault, or a replica out of restarts) is resumed, up to
 faults + 2 times; a launcher that makes no progress for `stall_s` is a finding (wedged) and is stopped.
 The ledger is built from durable evidence only (tests.faults.evidence): the store's history of puts, the complete
-checkpoints' committed ids, the store's drop counters and what it still holds; tests.faults.ledger.check judges it.
+checkpoints' committed ids, the store's drops (per sample id from the embedded log's records; by count for Redis)
+and what it still holds; tests.faults.ledger.check judges it.
 Recovery time: from the fault (SIGKILL, or SIGCONT for a stop) to the next checkpoint the harness sees complete.
 """
 
@@ -30,7 +31,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.faults.evidence import complete_steps, embedded_put_ids, load_state, redis_put_ids, stored_ids
+from tests.faults.evidence import (
+    complete_steps,
+    embedded_dropped_ids,
+    embedded_put_ids,
+    load_state,
+    redis_put_ids,
+    stored_ids,
+)
 from tests.faults.ledger import Ledger, Verdict, check
 from tests.support.redis_server import RedisServer
 from tests.support.runs import EXAMPLE, ROOT, rlfleet_cmd
@@ -174,6 +182,7 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 24, faults: int = 3
         ledger.stored_at_end = stored_ids(state)
         ledger.put = dict.fromkeys(redis_put_ids(redis.dir, f"{prefix}:samples") if redis
                                    else embedded_put_ids(run_dir), 0.0)
+        ledger.dropped_ids = None if redis else embedded_dropped_ids(run_dir)
     finally:
         if redis is not None:
             redis.stop()
