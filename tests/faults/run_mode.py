@@ -116,15 +116,26 @@ class Launcher:
 
 
 def run_seed(seed: int, store: str, work: Path, steps: int = 24, faults: int = 3,
-             kinds: tuple[str, ...] | None = None, stall_s: float = 180.0) -> tuple[Verdict, list[str]]:
-    """One seeded run of the real services; returns the verdict and a log of what was injected."""
+             kinds: tuple[str, ...] | None = None, stall_s: float = 180.0, model: Path | None = None
+             ) -> tuple[Verdict, list[str]]:
+    """One seeded run of the real services; returns the verdict and a log of what was injected. `model`: a tiny
+    model folder to share between seeds (by default one is made in `work`)."""
     from tests.support.tiny_model import make_tiny_model
 
-    model = work / "model"
+    model = model or work / "model"
     if not (model / "config.json").exists():
         make_tiny_model(model)
-    run_dir = work / "run"
     redis = RedisServer(work / "redis").start() if store == "redis" else None
+    try:
+        return _drive(seed, store, work, model, steps, faults, kinds, stall_s, redis)
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+def _drive(seed: int, store: str, work: Path, model: Path, steps: int, faults: int, kinds: tuple[str, ...] | None,
+           stall_s: float, redis: RedisServer | None) -> tuple[Verdict, list[str]]:
+    run_dir = work / "run"
     ledger, events, errors = Ledger(), [], []
     not_before: dict[int, float] = {}     # id(fault) -> a run-ending fault recovers only on a step after this time
     plan = schedule(seed, store, steps, faults, kinds)
@@ -175,17 +186,13 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 24, faults: int = 3
             events.append(f"{f.kind} landed after the last step (not counted)")
         if plan:
             events.append(f"not injected (the run ended first): {[p.kind for p in plan]}")
-    try:
-        prefix = f"rlfleet:{RUN_NAME}:buffer"
-        state = load_state(run_dir, redis.url if redis else None, prefix)
-        ledger.dropped = dict(state.dropped)
-        ledger.stored_at_end = stored_ids(state)
-        ledger.put = dict.fromkeys(redis_put_ids(redis.dir, f"{prefix}:samples") if redis
-                                   else embedded_put_ids(run_dir), 0.0)
-        ledger.dropped_ids = None if redis else embedded_dropped_ids(run_dir)
-    finally:
-        if redis is not None:
-            redis.stop()
+    prefix = f"rlfleet:{RUN_NAME}:buffer"
+    state = load_state(run_dir, redis.url if redis else None, prefix)
+    ledger.dropped = dict(state.dropped)
+    ledger.stored_at_end = stored_ids(state)
+    ledger.put = dict.fromkeys(redis_put_ids(redis.dir, f"{prefix}:samples") if redis
+                               else embedded_put_ids(run_dir), 0.0)
+    ledger.dropped_ids = None if redis else embedded_dropped_ids(run_dir)
     records = complete_steps(run_dir)
     ledger.trained.clear()
     for step, ids in records.items():
@@ -260,12 +267,13 @@ def main(args: list[str] | None = None) -> int:
     stores = ["embedded", "redis"] if ns.store == "both" else [ns.store]
     verdicts: dict[str, list[Verdict]] = {s: [] for s in stores}
     bad = 0
+    shared = Path(tempfile.mkdtemp(prefix="rlfleet-faults-model-")) / "model"     # one tiny model for every seed
     for seed in range(ns.first_seed, ns.first_seed + ns.seeds):
         for store in stores:
             with tempfile.TemporaryDirectory() as tmp:
                 work = ns.keep / f"{store}-{seed}" if ns.keep else Path(tmp)
                 work.mkdir(parents=True, exist_ok=True)
-                verdict, events = run_seed(seed, store, work, ns.steps, ns.faults)
+                verdict, events = run_seed(seed, store, work, ns.steps, ns.faults, model=shared)
             verdicts[store].append(verdict)
             print(f"seed {seed} {store}: {verdict.line()}\n    " + "\n    ".join(events), flush=True)
             if not verdict.ok:
