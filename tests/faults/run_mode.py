@@ -84,7 +84,8 @@ def is_child(pid: int, parent: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return int(stat.rsplit(")", 1)[1].split()[1]) == parent
+    state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+    return state not in ("Z", "X") and int(ppid) == parent      # a killed child the launcher has not reaped: gone
 
 
 class Launcher:
@@ -235,16 +236,24 @@ def inject(p: Planned, launcher: Launcher, run_dir: Path, redis: RedisServer | N
     assert pid is not None
     f = ledger.fault(p.kind)
     if p.kind.endswith("_kill9"):
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            ledger.faults.remove(f)
+            return f"{p.kind}: pid {pid} exited just before (skipped)"
         f.ended = time.monotonic()
         if redis is not None and target == "redis":
             assert redis.proc is not None
             redis.proc.wait()
             redis.start()
         return f"{p.kind} pid {pid}"
-    os.kill(pid, signal.SIGSTOP)
-    time.sleep(p.seconds)
-    os.kill(pid, signal.SIGCONT)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(p.seconds)
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:            # the launcher stopped it meanwhile (the run ended for another fault)
+        f.ended = time.monotonic()
+        return f"{p.kind} pid {pid}: it exited while stopped"
     f.ended = time.monotonic()
     return f"{p.kind} pid {pid} for {p.seconds:.1f} s"
 
