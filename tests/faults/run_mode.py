@@ -208,8 +208,13 @@ def _drive(seed: int, store: str, work: Path, model: Path, steps: int, faults: i
 def completed_at(run_dir: Path, step: int) -> float:
     """When a checkpoint was completed (its newest file's mtime), on the monotonic clock."""
     folder = run_dir / "checkpoints" / f"step_{step:08d}"
-    mtime = max((f.stat().st_mtime for f in folder.iterdir() if f.is_file()), default=time.time())
-    return mtime - time.time() + time.monotonic()
+    times = []
+    for f in folder.iterdir():
+        try:
+            times.append(f.stat().st_mtime)
+        except OSError:                       # a temp file the trainer renamed meanwhile (e.g. the seal's)
+            pass
+    return max(times, default=time.time()) - time.time() + time.monotonic()
 
 
 def committed(ledger: Ledger, step: int, when: float, not_before: dict[int, float]) -> None:
