@@ -20,6 +20,11 @@ Faults (seeded kinds, times, durations):
   replica_kill   a replica incarnation dies mid-group; a new one starts (restarted=True)
   trainer_kill   the trainer incarnation dies after a GetBatch or after writing a record; a new one resumes
 Run: python -m tests.faults.harness --seeds 100 [--store embedded|redis|both] [--steps 16] [--faults 4]
+
+Run mode (tests/faults/run_mode.py): the real `rlfleet run` launcher and its service processes instead of worker
+threads, SIGKILL and SIGSTOP/SIGCONT of a rollout replica, trainer-0, the buffer, weight_sync and redis-server,
+a run the fault ended resumed with --resume; the ledger from durable evidence only (tests/faults/evidence.py):
+python -m tests.faults.harness --mode run --seeds 100 [--store embedded|redis|both] [--steps 24] [--faults 3]
 """
 
 from __future__ import annotations
@@ -376,13 +381,20 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
 
 
 def main() -> int:
+    mode = argparse.ArgumentParser(add_help=False)
+    mode.add_argument("--mode", choices=["thread", "run"], default="thread")
+    known, rest = mode.parse_known_args()
+    if known.mode == "run":
+        from tests.faults.run_mode import main as run_main
+
+        return run_main(rest)
     parser = argparse.ArgumentParser(description="seeded fault runs of the buffer service")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--store", choices=["embedded", "redis", "both"], default="both")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--faults", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(rest)
     from tests.faults.ledger import summarize
 
     stores = ["embedded", "redis"] if args.store == "both" else [args.store]

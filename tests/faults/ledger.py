@@ -32,6 +32,7 @@ class Ledger:
     committed: dict[int, float] = field(default_factory=dict)           # step -> when its record was written
     dropped: dict[str, int] = field(default_factory=dict)               # reason -> samples (buffer Stats)
     stored_at_end: set[str] = field(default_factory=set)                # ids still in the store at the end
+    dropped_ids: dict[str, str] | None = None     # id -> drop reason, where the store's records name ids (run mode)
     faults: list[Fault] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)                      # e.g. a batch whose ids changed
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -86,9 +87,12 @@ def check(ledger: Ledger) -> Verdict:
     twice = sorted(i for i, steps in ledger.trained.items() if len(steps) > 1)
     unexpected = sorted(trained - put) + ledger.notes
     missing = put - trained - ledger.stored_at_end
-    # the buffer names drops by reason, not by id: missing ids are covered by drops only up to their count
-    allowed = sum(n for reason, n in ledger.dropped.items() if reason != "duplicate")
-    lost = sorted(missing) if len(missing) > allowed else []
+    if ledger.dropped_ids is not None:       # drops known per id: every missing id must have been dropped
+        lost = sorted(missing - set(ledger.dropped_ids))
+    else:
+        # the buffer's Stats name drops by reason, not by id: missing ids are covered by drops up to their count
+        allowed = sum(n for reason, n in ledger.dropped.items() if reason != "duplicate")
+        lost = sorted(missing) if len(missing) > allowed else []
     recovered: dict[str, int] = defaultdict(int)
     unrecovered: dict[str, int] = defaultdict(int)
     times: dict[str, list[float]] = defaultdict(list)

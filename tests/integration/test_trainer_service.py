@@ -181,6 +181,14 @@ def _write_config(tmp_path: Path, peers: Peers, model_dir: Path, name: str, **tr
     (tmp_path / "token").write_text(TOKEN)
     resume = trainer.pop("resume", False)
     endpoints = trainer.pop("endpoints", {})
+    signing: dict[str, str] = {}
+    if trainer.pop("signed", False):                 # checkpoints sealed, resume verifies the seal
+        from rlfleet.security.signing import generate_signing_key
+
+        key, pub = tmp_path / "signing.pem", tmp_path / "signing.pub"
+        if not key.exists():
+            generate_signing_key(key, pub)
+        signing = {"signing_key": str(key), "signing_public_key": str(pub)}
     cfg = {
         "run": {"name": "t", "dir": str(tmp_path / "run"), "resume": resume},
         "model": {"path": str(model_dir)},
@@ -191,7 +199,7 @@ def _write_config(tmp_path: Path, peers: Peers, model_dir: Path, name: str, **tr
                     "keep_checkpoints": 2, **trainer},
         "weight_sync": {"bucket_mb": 0.05, "chunk_kb": 16},
         "eval": {"data_source": "tests.integration.test_trainer_service:eval_prompts", "max_new_tokens": 3},
-        "security": {"mode": "token", "token_file": str(tmp_path / "token")},
+        "security": {"mode": "token", "token_file": str(tmp_path / "token"), **signing},
         "endpoints": {**peers.endpoints(), **endpoints},
     }
     path = tmp_path / f"{name}.yaml"
@@ -221,7 +229,7 @@ def test_trainer_process_trains_publishes_checkpoints_acks_and_resumes(tmp_path:
     run_dir = tmp_path / "run"
     peers = Peers(run_dir)
     try:
-        proc = _run_trainer(tmp_path, peers, model_dir, "first", steps=3)
+        proc = _run_trainer(tmp_path, peers, model_dir, "first", steps=3, signed=True)
     finally:
         peers.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -266,10 +274,11 @@ def test_trainer_process_trains_publishes_checkpoints_acks_and_resumes(tmp_path:
     assert (done["version"], done["committed_step"]) == (3, 2)
     assert done["eval_after"]["eval/pass_rate"] == 0.25
 
-    # resume with more steps; the buffer fails at step 5 -> a clear error and a non-zero exit
+    # resume with more steps (from the sealed checkpoint of step 2: its seal covers hf/model.safetensors, so it
+    # verifies); the buffer fails at step 5 -> a clear error and a non-zero exit
     peers2 = Peers(run_dir, fail_at_step=5)
     try:
-        proc = _run_trainer(tmp_path, peers2, model_dir, "second", steps=7, resume=True)
+        proc = _run_trainer(tmp_path, peers2, model_dir, "second", steps=7, resume=True, signed=True)
     finally:
         peers2.stop()
     assert proc.returncode == 1

@@ -197,11 +197,14 @@ class Trainer:
         """Save; the buffer acknowledges the step's batches (and earlier ones) once the checkpoint is on disk: by the
         next step's GetBatch (ack_through_step), or by an Ack call after the last step."""
         path = backend.save_checkpoint(self.run_dir, step, self.version, self.cfg.trainer.keep_checkpoints)
+        if self.leader:
+            export_checkpoint(path)                  # hf/model.safetensors: loadable with from_pretrained
+        # the seal covers every file, hf/model.safetensors too: sealed after the export (sealed before it, every
+        # checkpoint failed its seal on resume and the trainer started again from step 0)
         if self.rank == 0 and self.cfg.security.signing_key:
             seal(path, Signer.from_file(self.cfg.security.signing_key))
         call_hooks(self.hooks, "after_save", step, str(path))
         if self.leader:
-            export_checkpoint(path)                  # hf/model.safetensors: loadable with from_pretrained
             self.leader.state.checkpoint_taken(step, str(path))
             if final:
                 acked = self.leader.buffer.ack(step)
