@@ -62,8 +62,11 @@ class Planned:
 def schedule(seed: int, store: str, steps: int, faults: int, kinds: tuple[str, ...] | None = None) -> list[Planned]:
     rng = random.Random(seed)
     pool = kinds or (SERVICE_FAULTS + (REDIS_FAULTS if store == "redis" else ()))
-    at = sorted(rng.sample(range(0, max(steps - 3, faults)), faults))
-    return [Planned(a, rng.uniform(0.0, 0.6), rng.choice(pool), rng.uniform(0.5, 3.0), rng.randrange(2))
+    # Faults fall in the first half of the run: the second half is the runway each needs to land while the run is
+    # live and to show its recovery. Steps are paced by the machine (0.1 s each on a quiet 2-core one, seconds on
+    # a loaded one), so a fault scheduled near the end could land after the last step on a fast machine.
+    at = sorted(rng.sample(range(0, max(steps // 2, faults)), faults))
+    return [Planned(a, rng.uniform(0.0, 0.3), rng.choice(pool), rng.uniform(0.5, 3.0), rng.randrange(2))
             for a in at]
 
 
