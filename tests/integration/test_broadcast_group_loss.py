@@ -31,6 +31,7 @@ from tests.integration.test_transports_failures import ControlPlane
 
 torch.set_num_threads(1)
 BUCKET = 4096
+OP_TIMEOUT = 20.0             # seconds; the trainer's default (weight_sync.broadcast_op_timeout) is 30
 TENSORS = 40                  # ~40 buckets: a death after the 10th tensor leaves most of the version unsent
 
 
@@ -124,8 +125,10 @@ def wait_until(predicate: object, timeout: float = 60.0) -> None:
 @pytest.mark.timeout(240)
 def test_replica_killed_mid_broadcast_then_survivors_and_a_restarted_replica_use_the_fallback() -> None:
     plane = ControlPlane()
+    # op_timeout as the trainer sets it (weight_sync.broadcast_op_timeout): a survivor that notices the death first
+    # abandons its receive, and the header then waits for it until the op timeout (gloo's own is 600 s)
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 3,
-                             join_seconds=60)
+                             join_seconds=60, op_timeout=OP_TIMEOUT)
     replicas = [Replica(plane.address) for _ in range(3)]
     victim, survivors = replicas[0], replicas[1:]
     try:
@@ -193,7 +196,7 @@ def test_member_that_left_makes_the_next_version_go_over_the_fallback() -> None:
 
     plane = ControlPlane()
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 2,
-                             join_seconds=30, reform_seconds=2.0)
+                             join_seconds=30, reform_seconds=2.0, op_timeout=OP_TIMEOUT)
     member = BroadcastReceiver(plane.directory.peers, join_seconds=30)
     rendezvous = plane.directory.peers("broadcast", 1, 10.0)[0].options["rendezvous"]
     bare: dict[str, object] = {}
@@ -244,7 +247,7 @@ def test_replica_joining_after_formation_is_taken_into_the_next_generation() -> 
 
     plane = ControlPlane()
     sender = BroadcastSender(BucketedSender("127.0.0.1:0", None, BUCKET), plane.directory.register, 1,
-                             join_seconds=30)
+                             join_seconds=30, op_timeout=OP_TIMEOUT)
     member = BroadcastReceiver(plane.directory.peers, join_seconds=30)
     try:
         m1 = sender.stage(1, 1, tensors(1, 8))
