@@ -370,12 +370,7 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
         over.set()
         cluster.close()
     records = read_records(cluster.run_dir)
-    ledger.trained.clear()
-    for step, ids in records.items():
-        for i in ids:
-            ledger.trained[i].append(step)
-    if sorted(records) != list(range(steps)):
-        errors.append(f"committed steps {sorted(records)}, expected 0..{steps - 1}")
+    errors.extend(ledger.trained_from(records, steps))
     ledger.notes.extend(errors)
     return check(ledger), events
 

@@ -52,6 +52,17 @@ class Ledger:
                 if f.ended and not f.recovered:
                     f.recovered = self.committed[step]
 
+    def trained_from(self, records: dict[int, list[str]], steps: int) -> list[str]:
+        """Replace `trained` with what the committed step records say; the problem when they are not steps
+        0..steps-1 (empty when they are)."""
+        self.trained.clear()
+        for step, ids in records.items():
+            for i in ids:
+                self.trained[i].append(step)
+        if sorted(records) != list(range(steps)):
+            return [f"committed steps {sorted(records)}, expected 0..{steps - 1}"]
+        return []
+
     def fault(self, kind: str) -> Fault:
         f = Fault(kind, time.monotonic())
         with self.lock:

@@ -198,12 +198,7 @@ def _drive(seed: int, store: str, work: Path, model: Path, steps: int, faults: i
                                else embedded_put_ids(run_dir), 0.0)
     ledger.dropped_ids = None if redis else embedded_dropped_ids(run_dir)
     records = complete_steps(run_dir)
-    ledger.trained.clear()
-    for step, ids in records.items():
-        for i in ids:
-            ledger.trained[i].append(step)
-    if sorted(records) != list(range(steps)):
-        errors.append(f"committed steps {sorted(records)}, expected 0..{steps - 1}")
+    errors.extend(ledger.trained_from(records, steps))
     ledger.notes.extend(errors)
     return check(ledger), events
 
