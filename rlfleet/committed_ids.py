@@ -15,7 +15,8 @@ def committed_ids_name(rank: int) -> str:
     return f"committed_ids_rank{rank:05d}.json"
 
 
-def _complete_step(path: Path) -> int | None:
+def complete_step(path: Path) -> int | None:
+    """The step of a checkpoint folder whose every file has the size its checksums.json records; None otherwise."""
     try:
         meta = json.loads((path / "meta.json").read_text())
         sums = json.loads((path / "checksums.json").read_text())
@@ -33,7 +34,7 @@ def committed_after(run_dir: Path, step: int) -> dict[str, int]:
     out: dict[str, int] = {}
     root = Path(run_dir) / "checkpoints"
     for path in sorted(root.glob("step_*")) if root.is_dir() else []:
-        ckpt_step = _complete_step(path)
+        ckpt_step = complete_step(path)
         if ckpt_step is None or ckpt_step <= step:
             continue
         for f in sorted(path.glob("committed_ids_rank*.json")):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlfleet.committed_ids import _complete_step
+from rlfleet.committed_ids import complete_step
 from rlfleet.services.buffer.mutations import Add, Cancel, Close, Quarantine, Stale
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import Store
@@ -28,7 +28,7 @@ def complete_steps(run_dir: Path) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     root = run_dir / "checkpoints"
     for path in sorted(root.glob("step_*")) if root.is_dir() else []:
-        step = _complete_step(path)
+        step = complete_step(path)
         if step is None:
             continue
         ids: list[str] = []
