@@ -9,6 +9,7 @@ asks for it by number.
 
 from __future__ import annotations
 
+import itertools
 import random
 import socket
 from pathlib import Path
@@ -30,8 +31,8 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """n distinct ports below the ephemeral range that were free a moment ago (every socket is held open until all
     n are chosen). Falls back to bind(0) when the range leaves too little room below it."""
     low = ephemeral_low()
-    candidates = list(range(LOWEST, low))
-    random.shuffle(candidates)          # not seeded: two runs starting at once should not try the same ports
+    start = random.randrange(LOWEST, low) if low > LOWEST else LOWEST   # not seeded: runs starting at once differ
+    candidates = itertools.chain(range(start, low), range(LOWEST, start))
     socks: list[socket.socket] = []
     try:
         for port in candidates:
