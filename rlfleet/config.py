@@ -317,6 +317,10 @@ class PerfConfig(Section):
     """The fast paths' off-switches."""
 
     single_pass: bool = Field(True, description="minibatches 1: old logprobs from the training forward.")
+    shared_prompt: bool = Field(True, description="FSDP trainer: samples with the same prompt (a group) run it "
+                                "through the model once per forward (trainer/shared_prompt.py).")
+    shared_prompt_max_tokens: int = Field(8192, ge=16, description="Longest row of the shared-prompt layout; a "
+                                          "group that does not fit is split, each part repeating the prompt.")
     engine_fast_decode: bool = Field(True, description="torch engine: lean Llama-family decode step "
                                      "(fast_decode.py).")
     engine_compile: bool = Field(False, description="torch engine: torch.compile that step (needs a compiler; slow "

@@ -2,8 +2,9 @@
 (as TRL does), under a time-out, sync or async, one sample at a time or batched.
 
 A reward that raises, hangs past the time-out or returns a non-finite value raises RewardFailure with the reason;
-the caller marks that sample FAILED and goes on. A sync reward that hangs keeps its (daemon) thread: Python cannot
-stop it, but nothing waits on it.
+the caller marks that sample FAILED and goes on. Sync rewards run on a pool of daemon threads (started as needed,
+reused: no thread start per sample). A sync reward that hangs keeps its thread: Python cannot stop it, but nothing
+waits on it, the pool starts another for the next call, and a daemon thread never holds up the process's exit.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -52,6 +54,32 @@ class _AsyncLoop:
         threading.Thread(target=self.loop.run_forever, name="reward-loop", daemon=True).start()
 
 
+class _DaemonPool:
+    """Runs jobs on reusable daemon threads; a job that never returns keeps its thread, and the next job gets another.
+    (concurrent.futures threads are joined at interpreter exit, so a hung reward would hang the replica's exit.)"""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0                  # threads that will take the next job without one assigned
+        self._lock = threading.Lock()
+
+    def run(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+        if start:
+            threading.Thread(target=self._work, name=self._name, daemon=True).start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()
+            with self._lock:
+                self._idle += 1
+
+
 class Scorer:
     def __init__(self, fn: Callable[..., Any], timeout: float, name: str = "reward_fn") -> None:
         self.fn, self.timeout, self.name = fn, timeout, name
@@ -59,6 +87,7 @@ class Scorer:
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
         self._extras = _accepted(fn)
         self._loop: _AsyncLoop | None = None
+        self._pool = _DaemonPool("reward")
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) within the time-out; raises RewardFailure."""
@@ -83,7 +112,7 @@ class Scorer:
                 box["error"] = exc
             done.set()
 
-        threading.Thread(target=target, name="reward", daemon=True).start()
+        self._pool.run(target)
         if not done.wait(self.timeout):
             raise RewardFailure(f"{self.name} timed out after {self.timeout:g}s")
         if "error" in box:

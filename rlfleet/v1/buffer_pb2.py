@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.v1 import sample_pb2 as rlfleet_dot_v1_dot_sample__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/buffer.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/sample.proto\"w\n\x0c\x43laimRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x04\x12\x12\n\nmax_groups\x18\x03 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x11\n\trestarted\x18\x05 \x01(\x08\"`\n\x0bGroupTicket\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x14\n\x0cprompt_index\x18\x02 \x01(\x04\x12\x12\n\ngroup_size\x18\x03 \x01(\r\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"k\n\nClaimReply\x12(\n\x07tickets\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.GroupTicket\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tcancelled\x18\x04 \x03(\t\"G\n\nPutRequest\x12#\n\x07samples\x18\x01 \x03(\x0b\x32\x12.rlfleet.v1.Sample\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"C\n\x08PutReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x11\n\tcancelled\x18\x03 \x01(\r\"\xd2\x01\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nnum_groups\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x10\n\x08\x63onsumer\x18\x05 \x01(\t\x12)\n\x07lineage\x18\x06 \x03(\x0b\x32\x18.rlfleet.v1.LineageEpoch\x12\x1d\n\x10\x61\x63k_through_step\x18\x07 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_ack_through_step\"3\n\x0cLineageEpoch\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x04\"\x8b\x01\n\x05\x42\x61tch\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.rlfleet.v1.Sample\x12\x11\n\tgroup_ids\x18\x03 \x03(\t\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x13\n\x0bredelivered\x18\x05 \x01(\x08\x12\x15\n\racked_samples\x18\x06 \x01(\r\"6\n\nAckRequest\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x04\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\"!\n\x08\x41\x63kReply\x12\x15\n\racked_samples\x18\x01 \x01(\r\"R\n\rRejectRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"_\n\x0bRejectReply\x12\x1a\n\x12quarantined_groups\x18\x01 \x01(\r\x12\x1b\n\x13quarantined_samples\x18\x02 \x01(\r\x12\x17\n\x0frequeued_groups\x18\x03 \x01(\r\"\x0e\n\x0cStatsRequest\"\xaf\x04\n\x0b\x42ufferStats\x12\x16\n\x0estored_samples\x18\x01 \x01(\x04\x12\x14\n\x0cready_groups\x18\x02 \x01(\x04\x12\x16\n\x0epartial_groups\x18\x03 \x01(\x04\x12\x19\n\x11tickets_in_flight\x18\x04 \x01(\x04\x12\x19\n\x11\x64\x65livered_unacked\x18\x05 \x01(\x04\x12\x15\n\racked_samples\x18\x06 \x01(\x04\x12\x35\n\x07\x64ropped\x18\x07 \x03(\x0b\x32$.rlfleet.v1.BufferStats.DroppedEntry\x12\x10\n\x08\x63\x61pacity\x18\x08 \x01(\x04\x12\x13\n\x0bput_samples\x18\t \x01(\x04\x12\x16\n\x0epolicy_version\x18\n \x01(\x04\x12\x19\n\x11next_prompt_index\x18\x0b \x01(\x04\x12\x10\n\x08\x66inished\x18\x0c \x01(\x08\x12\x18\n\x10\x63\x61ncelled_groups\x18\r \x01(\x04\x12\x1a\n\x12quarantined_groups\x18\x0e \x01(\x04\x12J\n\x12quarantine_reasons\x18\x0f \x03(\x0b\x32..rlfleet.v1.BufferStats.QuarantineReasonsEntry\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x38\n\x16QuarantineReasonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xe3\x02\n\x06\x42uffer\x12\x39\n\x05\x43laim\x12\x18.rlfleet.v1.ClaimRequest\x1a\x16.rlfleet.v1.ClaimReply\x12\x33\n\x03Put\x12\x16.rlfleet.v1.PutRequest\x1a\x14.rlfleet.v1.PutReply\x12:\n\x08GetBatch\x12\x1b.rlfleet.v1.GetBatchRequest\x1a\x11.rlfleet.v1.Batch\x12\x33\n\x03\x41\x63k\x12\x16.rlfleet.v1.AckRequest\x1a\x14.rlfleet.v1.AckReply\x12<\n\x06Reject\x12\x19.rlfleet.v1.RejectRequest\x1a\x17.rlfleet.v1.RejectReply\x12:\n\x05Stats\x12\x18.rlfleet.v1.StatsRequest\x1a\x17.rlfleet.v1.BufferStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/buffer.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/sample.proto\"w\n\x0c\x43laimRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x04\x12\x12\n\nmax_groups\x18\x03 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x11\n\trestarted\x18\x05 \x01(\x08\"`\n\x0bGroupTicket\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x14\n\x0cprompt_index\x18\x02 \x01(\x04\x12\x12\n\ngroup_size\x18\x03 \x01(\r\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"k\n\nClaimReply\x12(\n\x07tickets\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.GroupTicket\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tcancelled\x18\x04 \x03(\t\"G\n\nPutRequest\x12#\n\x07samples\x18\x01 \x03(\x0b\x32\x12.rlfleet.v1.Sample\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"m\n\x08PutReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x11\n\tcancelled\x18\x03 \x01(\r\x12(\n\x08outcomes\x18\x04 \x03(\x0e\x32\x16.rlfleet.v1.PutOutcome\"\xd2\x01\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nnum_groups\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x10\n\x08\x63onsumer\x18\x05 \x01(\t\x12)\n\x07lineage\x18\x06 \x03(\x0b\x32\x18.rlfleet.v1.LineageEpoch\x12\x1d\n\x10\x61\x63k_through_step\x18\x07 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_ack_through_step\"3\n\x0cLineageEpoch\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x04\"\x8b\x01\n\x05\x42\x61tch\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.rlfleet.v1.Sample\x12\x11\n\tgroup_ids\x18\x03 \x03(\t\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x13\n\x0bredelivered\x18\x05 \x01(\x08\x12\x15\n\racked_samples\x18\x06 \x01(\r\"6\n\nAckRequest\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x04\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\"!\n\x08\x41\x63kReply\x12\x15\n\racked_samples\x18\x01 \x01(\r\"R\n\rRejectRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"_\n\x0bRejectReply\x12\x1a\n\x12quarantined_groups\x18\x01 \x01(\r\x12\x1b\n\x13quarantined_samples\x18\x02 \x01(\r\x12\x17\n\x0frequeued_groups\x18\x03 \x01(\r\"\x0e\n\x0cStatsRequest\"\xaf\x04\n\x0b\x42ufferStats\x12\x16\n\x0estored_samples\x18\x01 \x01(\x04\x12\x14\n\x0cready_groups\x18\x02 \x01(\x04\x12\x16\n\x0epartial_groups\x18\x03 \x01(\x04\x12\x19\n\x11tickets_in_flight\x18\x04 \x01(\x04\x12\x19\n\x11\x64\x65livered_unacked\x18\x05 \x01(\x04\x12\x15\n\racked_samples\x18\x06 \x01(\x04\x12\x35\n\x07\x64ropped\x18\x07 \x03(\x0b\x32$.rlfleet.v1.BufferStats.DroppedEntry\x12\x10\n\x08\x63\x61pacity\x18\x08 \x01(\x04\x12\x13\n\x0bput_samples\x18\t \x01(\x04\x12\x16\n\x0epolicy_version\x18\n \x01(\x04\x12\x19\n\x11next_prompt_index\x18\x0b \x01(\x04\x12\x10\n\x08\x66inished\x18\x0c \x01(\x08\x12\x18\n\x10\x63\x61ncelled_groups\x18\r \x01(\x04\x12\x1a\n\x12quarantined_groups\x18\x0e \x01(\x04\x12J\n\x12quarantine_reasons\x18\x0f \x03(\x0b\x32..rlfleet.v1.BufferStats.QuarantineReasonsEntry\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x38\n\x16QuarantineReasonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*a\n\nPutOutcome\x12\x1b\n\x17PUT_OUTCOME_UNSPECIFIED\x10\x00\x12\x10\n\x0cPUT_ACCEPTED\x10\x01\x12\x11\n\rPUT_DUPLICATE\x10\x02\x12\x11\n\rPUT_CANCELLED\x10\x03\x32\xe3\x02\n\x06\x42uffer\x12\x39\n\x05\x43laim\x12\x18.rlfleet.v1.ClaimRequest\x1a\x16.rlfleet.v1.ClaimReply\x12\x33\n\x03Put\x12\x16.rlfleet.v1.PutRequest\x1a\x14.rlfleet.v1.PutReply\x12:\n\x08GetBatch\x12\x1b.rlfleet.v1.GetBatchRequest\x1a\x11.rlfleet.v1.Batch\x12\x33\n\x03\x41\x63k\x12\x16.rlfleet.v1.AckRequest\x1a\x14.rlfleet.v1.AckReply\x12<\n\x06Reject\x12\x19.rlfleet.v1.RejectRequest\x1a\x17.rlfleet.v1.RejectReply\x12:\n\x05Stats\x12\x18.rlfleet.v1.StatsRequest\x1a\x17.rlfleet.v1.BufferStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_options = b'8\001'
   _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._loaded_options = None
   _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._serialized_options = b'8\001'
+  _globals['_PUTOUTCOME']._serialized_start=1834
+  _globals['_PUTOUTCOME']._serialized_end=1931
   _globals['_CLAIMREQUEST']._serialized_start=64
   _globals['_CLAIMREQUEST']._serialized_end=183
   _globals['_GROUPTICKET']._serialized_start=185
@@ -45,29 +47,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTREQUEST']._serialized_start=392
   _globals['_PUTREQUEST']._serialized_end=463
   _globals['_PUTREPLY']._serialized_start=465
-  _globals['_PUTREPLY']._serialized_end=532
-  _globals['_GETBATCHREQUEST']._serialized_start=535
-  _globals['_GETBATCHREQUEST']._serialized_end=745
-  _globals['_LINEAGEEPOCH']._serialized_start=747
-  _globals['_LINEAGEEPOCH']._serialized_end=798
-  _globals['_BATCH']._serialized_start=801
-  _globals['_BATCH']._serialized_end=940
-  _globals['_ACKREQUEST']._serialized_start=942
-  _globals['_ACKREQUEST']._serialized_end=996
-  _globals['_ACKREPLY']._serialized_start=998
-  _globals['_ACKREPLY']._serialized_end=1031
-  _globals['_REJECTREQUEST']._serialized_start=1033
-  _globals['_REJECTREQUEST']._serialized_end=1115
-  _globals['_REJECTREPLY']._serialized_start=1117
-  _globals['_REJECTREPLY']._serialized_end=1212
-  _globals['_STATSREQUEST']._serialized_start=1214
-  _globals['_STATSREQUEST']._serialized_end=1228
-  _globals['_BUFFERSTATS']._serialized_start=1231
-  _globals['_BUFFERSTATS']._serialized_end=1790
-  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_start=1686
-  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_end=1732
-  _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._serialized_start=1734
-  _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._serialized_end=1790
-  _globals['_BUFFER']._serialized_start=1793
-  _globals['_BUFFER']._serialized_end=2148
+  _globals['_PUTREPLY']._serialized_end=574
+  _globals['_GETBATCHREQUEST']._serialized_start=577
+  _globals['_GETBATCHREQUEST']._serialized_end=787
+  _globals['_LINEAGEEPOCH']._serialized_start=789
+  _globals['_LINEAGEEPOCH']._serialized_end=840
+  _globals['_BATCH']._serialized_start=843
+  _globals['_BATCH']._serialized_end=982
+  _globals['_ACKREQUEST']._serialized_start=984
+  _globals['_ACKREQUEST']._serialized_end=1038
+  _globals['_ACKREPLY']._serialized_start=1040
+  _globals['_ACKREPLY']._serialized_end=1073
+  _globals['_REJECTREQUEST']._serialized_start=1075
+  _globals['_REJECTREQUEST']._serialized_end=1157
+  _globals['_REJECTREPLY']._serialized_start=1159
+  _globals['_REJECTREPLY']._serialized_end=1254
+  _globals['_STATSREQUEST']._serialized_start=1256
+  _globals['_STATSREQUEST']._serialized_end=1270
+  _globals['_BUFFERSTATS']._serialized_start=1273
+  _globals['_BUFFERSTATS']._serialized_end=1832
+  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_start=1728
+  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_end=1774
+  _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._serialized_start=1776
+  _globals['_BUFFERSTATS_QUARANTINEREASONSENTRY']._serialized_end=1832
+  _globals['_BUFFER']._serialized_start=1934
+  _globals['_BUFFER']._serialized_end=2289
 # @@protoc_insertion_point(module_scope)

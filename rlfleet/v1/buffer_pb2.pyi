@@ -1,11 +1,23 @@
 from rlfleet.v1 import sample_pb2 as _sample_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PutOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PUT_OUTCOME_UNSPECIFIED: _ClassVar[PutOutcome]
+    PUT_ACCEPTED: _ClassVar[PutOutcome]
+    PUT_DUPLICATE: _ClassVar[PutOutcome]
+    PUT_CANCELLED: _ClassVar[PutOutcome]
+PUT_OUTCOME_UNSPECIFIED: PutOutcome
+PUT_ACCEPTED: PutOutcome
+PUT_DUPLICATE: PutOutcome
+PUT_CANCELLED: PutOutcome
 
 class ClaimRequest(_message.Message):
     __slots__ = ("replica_id", "weight_version", "max_groups", "wait_seconds", "restarted")
@@ -54,14 +66,16 @@ class PutRequest(_message.Message):
     def __init__(self, samples: _Optional[_Iterable[_Union[_sample_pb2.Sample, _Mapping]]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class PutReply(_message.Message):
-    __slots__ = ("accepted", "duplicates", "cancelled")
+    __slots__ = ("accepted", "duplicates", "cancelled", "outcomes")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     duplicates: int
     cancelled: int
-    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
+    outcomes: _containers.RepeatedScalarFieldContainer[PutOutcome]
+    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., cancelled: _Optional[int] = ..., outcomes: _Optional[_Iterable[_Union[PutOutcome, str]]] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
     __slots__ = ("step", "num_groups", "policy_version", "wait_seconds", "consumer", "lineage", "ack_through_step")

@@ -18,7 +18,7 @@ from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.stores import Store, StoreError
 from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from rlfleet.services.buffer.stores.redis_streams import RedisStore
-from rlfleet.v1 import sample_pb2
+from rlfleet.v1 import buffer_pb2, sample_pb2
 from tests.support.redis_server import RedisServer
 
 COMPLETED, FAILED, ABORTED = (sample_pb2.SAMPLE_STATUS_COMPLETED, sample_pb2.SAMPLE_STATUS_FAILED,
@@ -84,6 +84,10 @@ def make_core(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factor
         core.close()
 
 
+def counts(res: PutResult) -> tuple[int, int, int]:
+    return res.accepted, res.duplicates, res.cancelled
+
+
 def claim_one(core: BufferCore, version: int = 0, replica: str = "r0") -> str:
     res = core.claim(replica, version, 1, 0)
     assert len(res.tickets) == 1, res.reason
@@ -94,7 +98,7 @@ def test_put_get_ack_roundtrip(make_core: Factory) -> None:
     core = make_core(group_size=3)
     gid = claim_one(core)
     assert gid == "g0"
-    assert core.put(group(gid, 3)[::-1], 0) == PutResult(3, 0)
+    assert counts(core.put(group(gid, 3)[::-1], 0)) == (3, 0, 0)
     batch = core.get_batch(0, 1, 0, 0)
     assert batch.complete and not batch.redelivered and batch.group_ids == [gid]
     assert [sample_pb2.Sample.FromString(d).index for d in batch.samples] == [0, 1, 2]
@@ -108,14 +112,16 @@ def test_put_get_ack_roundtrip(make_core: Factory) -> None:
 def test_duplicates_late_puts_and_unknown_groups(make_core: Factory) -> None:
     core = make_core()
     gid = claim_one(core)
-    assert core.put([make_sample(gid, 0, 2)], 0) == PutResult(1, 0)
-    assert core.put([make_sample(gid, 0, 2), make_sample(gid, 0, 2)], 0) == PutResult(0, 2)
-    assert core.put([make_sample(gid, 1, 2), make_sample(gid, 1, 2)], 0) == PutResult(1, 1)
+    assert counts(core.put([make_sample(gid, 0, 2)], 0)) == (1, 0, 0)
+    assert counts(core.put([make_sample(gid, 0, 2), make_sample(gid, 0, 2)], 0)) == (0, 2, 0)
+    mixed = core.put([make_sample(gid, 0, 2), make_sample(gid, 1, 2), make_sample(gid, 1, 2)], 0)
+    assert counts(mixed) == (1, 2, 0)
+    assert mixed.outcomes == (buffer_pb2.PUT_DUPLICATE, buffer_pb2.PUT_ACCEPTED, buffer_pb2.PUT_DUPLICATE)
     core.get_batch(0, 1, 0, 0)
     core.ack(0)
-    assert core.put(group(gid, 2), 0) == PutResult(0, 2)          # committed: ignored
+    assert counts(core.put(group(gid, 2), 0)) == (0, 2, 0)          # committed: ignored
     core = make_core()                                   # and still ignored after a restart
-    assert core.put(group(gid, 2), 0) == PutResult(0, 2)
+    assert counts(core.put(group(gid, 2), 0)) == (0, 2, 0)
     assert core.stats().put_samples == 2
     with pytest.raises(UnknownGroup):
         core.put([make_sample("g99", 0, 2)], 0)
@@ -199,7 +205,7 @@ def test_lease_expiry_requeues_the_same_prompt(make_core: Factory) -> None:
     assert core.stats().tickets_in_flight == 0
     res = core.claim("live", 0, 2, 0)
     assert [(t.group_id, t.prompt_index) for t in res.tickets] == [(a, 0), (b, 1)]
-    assert core.put(group(a, 2), 0) == PutResult(1, 1)             # the dead replica's sample was kept
+    assert counts(core.put(group(a, 2), 0)) == (1, 1, 0)             # the dead replica's sample was kept
     assert core.stats().next_prompt_index == 2
 
 
@@ -369,14 +375,16 @@ def test_full_batch_cancels_unusable_groups_in_flight(make_core: Factory) -> Non
     assert core.claim("r0", 0, 0, 0).cancelled == ["g3"] and core.claim("r1", 0, 0, 0).cancelled == ["g4"]
     s = core.stats()
     assert (s.cancelled_groups, s.tickets_in_flight, dict(s.dropped)) == (2, 0, {"filtered": 2, "aborted": 1})
-    assert core.put(group("g3", 2), 0) == PutResult(0, 1, 1)            # the late sample: dropped, not stored
-    assert core.put(group("g4", 2), 0) == PutResult(0, 0, 2)
-    assert core.put([make_sample("g4", 1, 2)], 0) == PutResult(0, 1, 0)   # counted once per index
+    late = core.put(group("g3", 2), 0)
+    assert counts(late) == (0, 1, 1)                                    # the late sample: dropped, not stored
+    assert late.outcomes == (buffer_pb2.PUT_DUPLICATE, buffer_pb2.PUT_CANCELLED)   # g3/0 was counted already
+    assert counts(core.put(group("g4", 2), 0)) == (0, 0, 2)
+    assert counts(core.put([make_sample("g4", 1, 2)], 0)) == (0, 1, 0)   # counted once per index
     assert core.stats().stored_samples == 0 and dict(core.stats().dropped)["aborted"] == 4
     assert registry.get_sample_value("rlfleet_buffer_dropped_samples_total", {"reason": "aborted"}) == 4
     core = make_core(max_staleness=0, groups_per_step=2, over_sample=2.0, steps=3)   # a buffer restart keeps them
     assert core.claim("r0", 0, 0, 0).cancelled == ["g3"]
-    assert core.put(group("g3", 2), 0) == PutResult(0, 2, 0)
+    assert counts(core.put(group("g3", 2), 0)) == (0, 2, 0)
     assert (core.stats().cancelled_groups, dict(core.stats().dropped)["aborted"]) == (2, 4)
     assert claim_all(core, 1, "r0") == ["g5", "g6", "g7", "g8"]         # step 1's share, under version 1
 
@@ -498,5 +506,5 @@ def test_rejected_groups_are_quarantined_for_good_and_the_rest_are_ready_again(m
     core = make_core(groups_per_step=1)
     assert core.stats().quarantined_groups == 3 and core.stats().dropped["quarantined"] == 6
     assert core.get_batch(0, 1, 0, 0).group_ids == [gids[1]]
-    assert core.put(group(gids[0], 2), 0) == PutResult(0, 2)   # a late put of a quarantined group: ignored
+    assert counts(core.put(group(gids[0], 2), 0)) == (0, 2, 0)   # a late put of a quarantined group: ignored
     assert core.ack(0) == 2 and core.stats().stored_samples == 0

@@ -124,6 +124,27 @@ def test_hanging_raising_and_non_finite_rewards_fail_with_the_reason() -> None:
     assert mixed[0] == (1.0, {}) and isinstance(mixed[1], RewardFailure)
 
 
+def test_a_hung_reward_keeps_its_thread_and_the_next_calls_reuse_one() -> None:
+    import threading
+
+    gate = threading.Event()
+
+    def sometimes_hangs(prompt: Prompt, completion: str, sample: object) -> float:
+        if completion == "hang":
+            gate.wait(30)
+        return float(len(completion))
+
+    scorer = Scorer(sometimes_hangs, 0.3)
+    assert scorer.score(P(), "ab", None) == (2.0, {})
+    with pytest.raises(RewardFailure, match="timed out"):
+        scorer.score(P(), "hang", None)
+    before = sum(t.name == "reward" for t in threading.enumerate())
+    assert [scorer.score(P(), "x" * i, None)[0] for i in range(50)] == [float(i) for i in range(50)]
+    assert sum(t.name == "reward" for t in threading.enumerate()) == before + 1    # one more, reused 50 times
+    assert all(t.daemon for t in threading.enumerate() if t.name == "reward")
+    gate.set()
+
+
 class _Handler(BaseHTTPRequestHandler):
     seen: list[dict] = []
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from rlfleet.protocols import GroupTicket, Prompt
+from rlfleet.protocols import GroupTicket, Prompt, RolloutContext, RolloutFn
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2
@@ -73,10 +73,68 @@ def test_failing_rollout_fn_puts_failed_samples_for_the_rest_of_its_group() -> N
     stub = FakeStub([])
     loop._putter = SamplePutter(stub.Put, SETTINGS, threading.Event())
     loop._run_group(GroupTicket(group_id="g", prompt_index=7, group_size=3))
-    got = {p.samples[0].index: p.samples[0] for p in stub.puts}
+    got = {s.index: s for p in stub.puts for s in p.samples}
     assert sorted(got) == [0, 1, 2]
     assert got[1].status == Status.COMPLETED and got[1].run_id == "run" and got[1].replica_id == "r0"
     for i in (0, 2):
         assert got[i].status == Status.FAILED and got[i].status_reason == "rollout_fn raised RuntimeError: boom"
         assert got[i].prompt_index == 7 and got[i].weight_version == 4
     loop.close()
+
+
+class RefusesIndex(FakeStub):
+    """Refuses (INVALID_ARGUMENT) any request holding the sample with index `bad`, as the buffer refuses a whole
+    call with one malformed sample; answers the rest with per-sample outcomes."""
+
+    def __init__(self, bad: int, outcome: buffer_pb2.PutOutcome = buffer_pb2.PUT_ACCEPTED) -> None:
+        super().__init__([])
+        self.bad, self.outcome = bad, outcome
+
+    def Put(self, data: bytes, timeout: float) -> buffer_pb2.PutReply:
+        request = buffer_pb2.PutRequest.FromString(data)
+        self.puts.append(request)
+        if any(s.index == self.bad for s in request.samples):
+            raise Code(grpc.StatusCode.INVALID_ARGUMENT)
+        return buffer_pb2.PutReply(accepted=len(request.samples), outcomes=[self.outcome] * len(request.samples))
+
+
+def _loop_with(stub: FakeStub, rollout_fn: RolloutFn, seen: list[Sample]) -> WorkLoop:
+    with grpc.insecure_channel("127.0.0.1:1") as ch:
+        engine = FakeEngine()
+        loop = WorkLoop(ch, engine, EngineContext(engine), {7: Prompt(index=7, text="x")}, rollout_fn, SETTINGS,
+                        threading.Event(), on_sample=seen.append)
+    loop._putter = SamplePutter(stub.Put, SETTINGS, threading.Event())
+    return loop
+
+
+def test_a_groups_samples_are_put_in_one_request() -> None:
+    def rollout_fn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+        yield from (sample(i) for i in (2, 0, 1))
+
+    stub, seen = RefusesIndex(bad=-1), list[Sample]()
+    loop = _loop_with(stub, rollout_fn, seen)
+    loop._run_group(GroupTicket(group_id="g", prompt_index=7, group_size=3))
+    assert len(stub.puts) == 1 and [s.index for s in stub.puts[0].samples] == [2, 0, 1]
+    assert [s.index for s in seen] == [2, 0, 1]            # each accepted sample reported
+    loop.close()
+
+
+def test_one_bad_sample_refuses_only_itself() -> None:
+    def rollout_fn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+        yield from (sample(i) for i in range(3))
+
+    stub, seen = RefusesIndex(bad=1), list[Sample]()
+    loop = _loop_with(stub, rollout_fn, seen)
+    loop._run_group(GroupTicket(group_id="g", prompt_index=7, group_size=3))
+    assert [len(p.samples) for p in stub.puts] == [3, 1, 1, 1]  # the whole, then one by one
+    assert [s.index for s in seen] == [0, 2]
+    loop.close()
+
+
+def test_per_sample_outcomes_are_reported_as_the_buffer_gives_them() -> None:
+    stub = RefusesIndex(bad=-1, outcome=buffer_pb2.PUT_CANCELLED)
+    putter = SamplePutter(stub.Put, SETTINGS, threading.Event())
+    assert putter.deliver_many([sample(0), sample(1)]) == ["cancelled", "cancelled"]
+    mixed = buffer_pb2.PutReply(accepted=1, duplicates=1, outcomes=[buffer_pb2.PUT_DUPLICATE, buffer_pb2.PUT_ACCEPTED])
+    putter = SamplePutter(lambda data, timeout: mixed, SETTINGS, threading.Event())
+    assert putter.deliver_many([sample(0), sample(1)]) == ["duplicate", "accepted"]

@@ -180,3 +180,33 @@ def test_fast_decode_matches_the_hf_decode_path(model_dir: Path) -> None:
     finally:
         fast.shutdown()
         plain.shutdown()
+
+
+def test_a_groups_equal_prompts_are_prefilled_once_with_the_same_results(model_dir: Path,
+                                                                          hf: torch.nn.Module) -> None:
+    eng = TorchEngine(model_dir, max_batch_size=16)
+    prefill_rows: list[int] = []
+    hook = eng.model.register_forward_hook(
+        lambda _m, _a, kw, _o: prefill_rows.append(kw["input_ids"].shape[0]) if kw["input_ids"].shape[1] > 1
+        else None, with_kwargs=True)
+    try:
+        eng.pause()                                # admit the two groups together
+        greedy = [eng.submit(PROMPTS[2], SamplingParams(temperature=0, max_new_tokens=6)) for _ in range(4)]
+        sampled = [eng.submit(PROMPTS[4], SamplingParams(temperature=1.0, max_new_tokens=6, seed=20 + i))
+                   for i in range(4)]
+        eng.resume()
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([PROMPTS[2]]), max_new_tokens=6, do_sample=False)[0, len(PROMPTS[2]):]
+        for f in greedy:
+            assert list(f.result(timeout=60).output_ids) == ref.tolist()
+        outs = [f.result(timeout=60) for f in sampled]
+        for gen in outs:
+            expected = teacher_forced(hf, PROMPTS[4], gen.output_ids, 1.0)
+            assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-5, rtol=0)
+        assert len({g.output_ids for g in outs}) > 1                 # the copies sample independently
+        alone = eng.submit(PROMPTS[4], SamplingParams(temperature=1.0, max_new_tokens=6, seed=21)).result(timeout=60)
+        assert alone.output_ids == outs[1].output_ids                # and as each would alone
+    finally:
+        hook.remove()
+        eng.shutdown()
+    assert prefill_rows[0] == 2                       # 8 requests, 2 distinct prompts: 2 rows prefilled

@@ -91,6 +91,14 @@ class PutResult:
     accepted: int
     duplicates: int
     cancelled: int = 0           # samples of cancelled groups: not stored, counted as dropped (aborted)
+    outcomes: tuple[buffer_pb2.PutOutcome, ...] = ()   # each sample's, in the request's order
+
+
+def _outcomes(samples: Sequence[sample_pb2.Sample], accepted: set[int], cancelled: set[int]
+              ) -> tuple[buffer_pb2.PutOutcome, ...]:
+    """PutOutcome of each sample by id() of its message: stored now, of a cancelled group, or else a duplicate."""
+    return tuple(buffer_pb2.PUT_ACCEPTED if id(m) in accepted else buffer_pb2.PUT_CANCELLED if id(m) in cancelled
+                 else buffer_pb2.PUT_DUPLICATE for m in samples)
 
 
 @dataclass(frozen=True)
@@ -252,10 +260,19 @@ class BufferCore:
         pairs = self._checked(samples)
         end = time.monotonic() + max(0.0, wait)
         dropped = settled = 0               # samples of cancelled groups: counted as aborted / already counted
+        cancelled_ids: set[int] = set()     # id() of the messages of cancelled groups
         with self._cond:
             while True:
                 self._ensure_loaded()
+                before = pairs
                 pairs, discards, repeats = split_cancelled(self.state, pairs)   # a group may be cancelled while we wait
+                if len(pairs) < len(before):       # the first put of each discarded index; repeats are duplicates
+                    kept = {id(m) for m, _ in pairs}
+                    new = {(d.gid, i) for d in discards for i in d.indices}
+                    for m, _ in before:
+                        if id(m) not in kept and (m.group_id, m.index) in new:
+                            new.discard((m.group_id, m.index))
+                            cancelled_ids.add(id(m))
                 if discards:
                     self._commit(list(discards))
                 dropped += sum(len(d.indices) for d in discards)
@@ -269,11 +286,12 @@ class BufferCore:
                     gone = {id(m) for m, _ in late}
                     pairs = [p for p in pairs if id(p[0]) not in gone]
                 if not fresh:
-                    return PutResult(0, dups + settled, dropped)
+                    return PutResult(0, dups + settled, dropped, _outcomes(samples, set(), cancelled_ids))
                 if self.state.stored_samples() < self.settings.capacity:
                     self._commit(put_mutations(self.state, fresh, self.settings.min_valid_per_group,
                                                self.filters))
-                    return PutResult(len(fresh), dups + settled, dropped)
+                    return PutResult(len(fresh), dups + settled, dropped,
+                                     _outcomes(samples, {id(m) for m, _ in fresh}, cancelled_ids))
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     raise BufferFull(f"buffer holds {self.state.stored_samples()} samples of capacity "

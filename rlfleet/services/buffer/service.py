@@ -69,7 +69,8 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
 
     def Put(self, request: buffer_pb2.PutRequest, context: grpc.ServicerContext) -> buffer_pb2.PutReply:
         res = self._call(context, lambda: self.core.put(request.samples, _wait(request.wait_seconds, context)))
-        return buffer_pb2.PutReply(accepted=res.accepted, duplicates=res.duplicates, cancelled=res.cancelled)
+        return buffer_pb2.PutReply(accepted=res.accepted, duplicates=res.duplicates, cancelled=res.cancelled,
+                                   outcomes=res.outcomes)
 
     def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.ServicerContext) -> bytes:
         """The encoded rlfleet.v1.Batch (see add_to_server)."""

@@ -134,6 +134,7 @@ class RolloutReplica:
 
         self.work = work = WorkLoop(self.buffer_channel, engine, ctx, plugins.data, plugins.rollout_fn, settings,
                                     stop, on_sample, epoch_of=updater.epoch_of)
+        updater.listeners.append(work.weights_changed)
         self.server = Server(listen_address(cfg.endpoints.rollout[index] if index < len(cfg.endpoints.rollout)
                                             else "", args.listen), args.token)
         self.server.add(rollout_pb2_grpc.add_RolloutServicer_to_server,

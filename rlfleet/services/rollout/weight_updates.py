@@ -80,6 +80,7 @@ class WeightUpdater:
         self.epoch = 0                         # trainer epoch of the last applied version (0 = initial weights)
         self._epochs: dict[int, int] = {}      # recently applied version -> the epoch it was applied under
         self.failures = 0
+        self.listeners: list[Callable[[], None]] = []   # told after each applied version (the work loop's Claim)
 
     def epoch_of(self, version: int) -> int:
         """The trainer epoch under which `version` was last applied (0: the initial weights, or a version applied
@@ -92,6 +93,8 @@ class WeightUpdater:
         self._epochs[version] = epoch
         while len(self._epochs) > KEEP_EPOCHS:
             del self._epochs[min(self._epochs)]
+        for listener in self.listeners:
+            listener()
 
     def newer(self, manifest: weights_pb2.WeightManifest) -> bool:
         """Whether manifest is newer than what the engine serves, by (epoch, version): after a trainer resumed from

@@ -1,5 +1,7 @@
 """The replica's work loop: Claim groups from the buffer, run the rollout function per group in a worker thread,
-Put every sample the moment it is yielded (retrying until the buffer has it), stop when the run is finished.
+Put each group's samples together once the rollout function has yielded them all (a group is trainable only whole;
+one Put is one durable commit) or every PUT_BATCH_BYTES, retrying until the buffer has them, stop when the run is
+finished.
 
 Every Claim reply lists the replica's groups the buffer cancelled (over-sampled work no step can use): their engine
 requests are aborted at once, freeing batch slots and KV memory. With every slot busy the loop still long-polls Claim
@@ -39,9 +41,13 @@ class WorkSettings:
     deadline_slack: float = 10.0     # added to each wait for the RPC deadline
 
 
+OUTCOME = {buffer_pb2.PUT_ACCEPTED: ACCEPTED, buffer_pb2.PUT_DUPLICATE: DUPLICATE, buffer_pb2.PUT_CANCELLED: CANCELLED}
+PUT_BATCH_BYTES = 4 << 20        # a group's samples are put together, in requests of at most this many bytes
+
+
 class SamplePutter:
-    """Put one sample; on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED keep it and retry with backoff.
-    put: Buffer.Put taking an encoded PutRequest (rlfleet.put_wire.raw_put): the sample is serialized once and
+    """Put samples; on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED keep them and retry with backoff.
+    put: Buffer.Put taking an encoded PutRequest (rlfleet.put_wire.raw_put): each sample is serialized once and
     framed, never copied into a PutRequest message (which costs ~8x more to serialize for a large sample)."""
 
     def __init__(self, put: RawPut, settings: WorkSettings, stop: threading.Event) -> None:
@@ -54,25 +60,46 @@ class SamplePutter:
         """ACCEPTED; DUPLICATE (the buffer no longer waits for this group: complete, dropped or re-issued and done
         elsewhere); CANCELLED (the buffer cancelled the group: dropped, counted as aborted); REFUSED; or STOPPED (stop
         was set while retrying)."""
-        request = encode_put_request([sample.to_proto().SerializeToString()], self._s.put_wait)
+        return self.deliver_many([sample])[0]
+
+    def deliver_many(self, samples: Sequence[Sample], encoded: Sequence[bytes] | None = None) -> list[str]:
+        """deliver() of each sample, in one Put (one durable commit, one fsync). A request the buffer refuses as a
+        whole (one malformed sample refuses the call) is split into one Put per sample, so only the bad one is lost.
+        encoded: the samples' serialized bytes, when the caller has them."""
+        if not samples:
+            return []
+        if encoded is None:
+            encoded = [s.to_proto().SerializeToString() for s in samples]
+        request = encode_put_request(encoded, self._s.put_wait)
         backoff = 0.2
         while True:
             try:
                 reply = self._put(request, timeout=self._s.put_wait + self._s.deadline_slack)
-                if reply.accepted:
-                    return ACCEPTED
-                return CANCELLED if reply.cancelled else DUPLICATE if reply.duplicates else ACCEPTED
+                return _outcomes(reply, len(samples))
             except grpc.RpcError as exc:
                 if exc.code() not in RETRYABLE:
-                    log.error("Put of sample %s refused (%s: %s); dropped", sample.sample_id, exc.code(),
+                    if len(samples) > 1:
+                        return [self.deliver(s) for s in samples]
+                    log.error("Put of sample %s refused (%s: %s); dropped", samples[0].sample_id, exc.code(),
                               exc.details())
-                    return REFUSED
+                    return [REFUSED]
                 if self._stop.is_set():
-                    log.warning("stopping with sample %s not put (%s)", sample.sample_id, exc.code())
-                    return STOPPED
-                log.info("Put of %s: %s; retrying in %.1fs", sample.sample_id, exc.code(), backoff)
+                    log.warning("stopping with %d samples not put (%s), e.g. %s", len(samples), exc.code(),
+                                samples[0].sample_id)
+                    return [STOPPED] * len(samples)
+                log.info("Put of %d samples (%s...): %s; retrying in %.1fs", len(samples), samples[0].sample_id,
+                         exc.code(), backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+
+def _outcomes(reply: buffer_pb2.PutReply, n: int) -> list[str]:
+    """Each sample's outcome: from the reply's per-sample list, or (a buffer that sends none) from its counts."""
+    if len(reply.outcomes) == n:
+        return [OUTCOME.get(o, DUPLICATE) for o in reply.outcomes]
+    if reply.accepted == n or not (reply.cancelled or reply.duplicates):
+        return [ACCEPTED] * n
+    return [CANCELLED if reply.cancelled else DUPLICATE] * n
 
 
 class WorkLoop:
@@ -94,6 +121,7 @@ class WorkLoop:
         self._slot_free = threading.Event()
         self._restarted = True          # the first Claim re-queues what an earlier process of this replica held
         self._draining = threading.Event()
+        self._new_weights = threading.Event()   # set when the engine loads a version (a staleness gate may open)
 
     @property
     def in_flight_groups(self) -> int:
@@ -104,6 +132,7 @@ class WorkLoop:
         backoff = 0.5
         while not (self._stop.is_set() or self._draining.is_set()):
             free = max(0, self._s.claim_groups - self.in_flight_groups)
+            self._new_weights.clear()            # before the Claim: a version loaded after it ends the wait below
             try:
                 reply = self._claim(free) if free else self._poll()
                 backoff = 0.5
@@ -122,10 +151,16 @@ class WorkLoop:
                 return True
             if free and not reply.tickets:
                 log.debug("no tickets: %s", reply.reason)
-                self._stop.wait(0.05)                # the buffer already waited; do not spin if it did not
+                # the buffer already waited (or answered at once for staleness, which only new weights change):
+                # claim again when the engine loads a version, or after 50 ms
+                self._new_weights.wait(0.05)
             for t in reply.tickets:
                 self._start(GroupTicket(group_id=t.group_id, prompt_index=t.prompt_index, group_size=t.group_size))
         return False
+
+    def weights_changed(self) -> None:
+        """The engine now serves a new version: a Claim refused for staleness may succeed now."""
+        self._new_weights.set()
 
     def begin_drain(self) -> None:
         """Claim no more work (run() returns); the groups in flight go on until drain() decides."""
@@ -218,13 +253,23 @@ class WorkLoop:
         gctx = GroupContext(self._ctx, self._engine, ticket.group_id)
         with self._lock:
             self._groups[ticket.group_id] = gctx
+        held: list[Sample] = []         # yielded, not yet put: a group is put together (it is ready only whole)
+        raw: list[bytes] = []           # their serialized bytes
         try:
             prompt = self._data[ticket.prompt_index]
             for sample in iter_samples(self._fn(gctx, prompt, ticket)):
+                encoded = self._stamped(sample).to_proto().SerializeToString()
                 delivered.add(sample.index)
-                # DUPLICATE is not "group done": a re-issued group answers it for the indices its dead holder put.
-                self._emit(sample)
+                held.append(sample)
+                raw.append(encoded)
+                if sum(map(len, raw)) >= PUT_BATCH_BYTES:
+                    self._emit(held, raw)
+                    held, raw = [], []
+            # DUPLICATE is not "group done": a re-issued group answers it for the indices its dead holder put.
+            self._emit(held, raw)
+            held, raw = [], []
         except Exception as exc:  # noqa: BLE001 - a failing rollout function fails its group, not the replica
+            self._emit(held, raw)        # what it yielded before it raised
             if gctx.aborted:
                 log.info("group %s aborted (%s)", ticket.group_id, type(exc).__name__)
             else:
@@ -236,19 +281,23 @@ class WorkLoop:
                 self._groups.pop(ticket.group_id, None)
         log.debug("group %s: %d samples in %.2fs", ticket.group_id, len(delivered), time.monotonic() - started)
 
-    def _emit(self, sample: Sample) -> str:
+    def _stamped(self, sample: Sample) -> Sample:
         sample.run_id = sample.run_id or self._s.run_id
         sample.replica_id = sample.replica_id or self._s.replica_id
         sample.weight_epoch = sample.weight_epoch or self._epoch_of(sample.weight_version)
-        outcome = self._putter.deliver(sample)
-        if outcome == ACCEPTED:
-            self._on_sample(sample)
-        return outcome
+        return sample
+
+    def _emit(self, samples: Sequence[Sample], encoded: Sequence[bytes] | None = None) -> list[str]:
+        samples = [self._stamped(s) for s in samples]
+        outcomes = self._putter.deliver_many(samples, encoded)
+        for sample, outcome in zip(samples, outcomes, strict=True):
+            if outcome == ACCEPTED:
+                self._on_sample(sample)
+        return outcomes
 
     def _fail_rest(self, ticket: GroupTicket, delivered: set[int], reason: str) -> None:
         """Put FAILED placeholders for the indices the rollout function did not deliver, so the group completes."""
-        for i in range(ticket.group_size):
-            if i not in delivered:
-                self._emit(Sample(group_id=ticket.group_id, index=i, group_size=ticket.group_size, prompt_ids=[],
-                                  response_ids=[], rollout_logprobs=[], status=Status.FAILED, status_reason=reason,
-                                  prompt_index=ticket.prompt_index, weight_version=self._engine.weight_version))
+        self._emit([Sample(group_id=ticket.group_id, index=i, group_size=ticket.group_size, prompt_ids=[],
+                           response_ids=[], rollout_logprobs=[], status=Status.FAILED, status_reason=reason,
+                           prompt_index=ticket.prompt_index, weight_version=self._engine.weight_version)
+                    for i in range(ticket.group_size) if i not in delivered])

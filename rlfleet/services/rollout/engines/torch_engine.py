@@ -276,19 +276,29 @@ class TorchEngine:
                 self._decode()
 
     def _prefill(self, reqs: list[_Request]) -> None:
-        length = max(len(r.input_ids) for r in reqs)
-        ids = torch.zeros(len(reqs), length, dtype=torch.long)                  # [N, P] left-padded
-        mask = torch.zeros(len(reqs), length, dtype=torch.long)                 # [N, P]
-        for i, r in enumerate(reqs):
-            ids[i, length - len(r.input_ids):] = torch.tensor(r.input_ids)
-            mask[i, length - len(r.input_ids):] = 1
+        """Prefill the admitted requests. Equal prompts (a group's samples) are prefilled once and their cache rows
+        copied: a GRPO group of 8 costs one prompt's prefill, not 8."""
+        unique: dict[tuple[int, ...], int] = {}
+        of_row = [unique.setdefault(tuple(r.input_ids), len(unique)) for r in reqs]           # [N] -> unique row
+        prompts = list(unique)
+        length = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), length, dtype=torch.long)               # [U, P] left-padded
+        mask = torch.zeros(len(prompts), length, dtype=torch.long)              # [U, P]
+        for i, prompt in enumerate(prompts):
+            ids[i, length - len(prompt):] = torch.tensor(prompt)
+            mask[i, length - len(prompt):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(1) - 1).clamp(min=0)                                  # [N, P]
+        pos = (mask.cumsum(1) - 1).clamp(min=0)                                  # [U, P]
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
                          logits_to_keep=1)
-        logits = out.logits[:, -1]                                               # [N, V]
-        routes = self._routes.take(len(reqs), length)[:, -1] if self._routes else None   # [N, layers, K]
+        logits = out.logits[:, -1]                                               # [U, V]
+        routes = self._routes.take(len(prompts), length)[:, -1] if self._routes else None   # [U, layers, K]
+        if len(prompts) < len(reqs):                                             # copy each prompt's rows out
+            idx = torch.tensor(of_row, dtype=torch.long, device=self.device)    # [N]
+            mask = kv_cache.select(out.cache, mask, idx)                         # [N, P]
+            logits = logits[idx]                                                 # [N, V]
+            routes = routes[idx.cpu()] if routes is not None else None           # [N, layers, K]
         if self._cache is None or not self._running:
             self._cache, self._mask = out.cache, mask
             self._pos, self._last = mask.sum(1), torch.zeros(len(reqs), dtype=torch.long, device=self.device)

@@ -39,8 +39,9 @@ from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.lora import apply_lora, is_adapter
 from rlfleet.services.trainer.routing_replay import RoutingReplay
 from rlfleet.services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
-from rlfleet.services.trainer.sequence_packing import packed_forward_logprobs
-from rlfleet.services.trainer.step import StepContext, train_step
+from rlfleet.services.trainer.sequence_packing import VARLEN_ATTENTION, packed_forward_logprobs
+from rlfleet.services.trainer.shared_prompt import SharedPromptForward
+from rlfleet.services.trainer.step import ForwardFn, StepContext, train_step
 from rlfleet.services.weight_sync.transports.sharded import ShardedState
 from rlfleet.tied import TIED_OPTION, encode_aliases, tied_aliases
 
@@ -128,10 +129,15 @@ class FsdpBackend:
                                            betas=tuple(t.betas), weight_decay=t.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, t.scheduler, t.steps)
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
-        self.forward = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens, pad_id=self.pad_id,
-                               compute_dtype=self.compute_dtype) if t.packing.enabled else None
+        self.forward: ForwardFn | None = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens,
+                                                 pad_id=self.pad_id, compute_dtype=self.compute_dtype) \
+            if t.packing.enabled else None
         if t.on_policy:                 # true on-policy: the engine's batch-invariant kernels (rlfleet.batch_invariant)
             self.forward = partial(invariant_call, self.forward or forward_logprobs)
+        elif cfg.perf.shared_prompt and model.config._attn_implementation not in VARLEN_ATTENTION:
+            # a group's prompt once per forward; bit-level batch invariance (on_policy) needs the padded rows
+            self.forward = SharedPromptForward(self.forward or forward_logprobs, cfg.perf.shared_prompt_max_tokens,
+                                               self.pad_id, self.compute_dtype)
         self.reference = FrozenScorer(cfg.model_path, device, self._shard, self._forward) if t.kl.coef > 0 else None
         self.teacher = None
         if needs_teacher(t):

@@ -1,0 +1,208 @@
+"""Shared-prompt forward: samples with the same prompt (a GRPO group) run that prompt through the model once.
+
+Layout. Rows of the padded batch whose prompt tokens are equal form a family. Each family becomes one or more
+rows of the form [prompt, response_1, ..., response_k, padding]: position ids run 0..P-1 over the prompt and
+restart at P for every response, and a 4D mask lets each response see the prompt and itself (causally) but no other
+response. A response token's hidden state is then the one it has in its own padded row [prompt, response], so its
+logprob is the same to float rounding, and the prompt's P tokens are computed once instead of k times.
+
+For group size 8, a 7-token prompt and 5-token responses this is 47 tokens instead of 8 x 12 = 96; for few-shot
+chat prompts of hundreds of tokens the saving approaches the group size. Rows hold at most `max_tokens` tokens (a
+family that does not fit is split, each part repeating the prompt), so the [R, 1, L, L] mask stays small.
+
+The layout is used only where it saves tokens (`plan` returns None otherwise: every prompt unique, or any prompt
+empty). `SharedPromptForward` checks once, on the first batch it lays out, that the model honours the mask and
+position ids (logprobs equal the padded forward's); a model that does not is run padded from then on, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from rlfleet.protocols import TrainBatch
+from rlfleet.services.trainer.batch import select_rows
+from rlfleet.services.trainer.entropy import record_entropy
+from rlfleet.services.trainer.step import ForwardFn
+
+log = logging.getLogger(__name__)
+
+MIN_SAVING = 0.9          # lay out shared only when it needs at most this fraction of the padded tokens
+CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+@dataclass(frozen=True)
+class SharedLayout:
+    input_ids: torch.Tensor       # [R, L] int64
+    position_ids: torch.Tensor    # [R, L] int64: 0..P-1 over the prompt, P.. again for each response
+    segment: torch.Tensor         # [R, L] int64: 0 the prompt, k >= 1 the k-th response of the row, -1 padding
+    row: torch.Tensor             # [S] int64: the layout row of each batch row
+    prompt_last: torch.Tensor     # [S] int64: index in its row of the prompt's last token
+    offset: torch.Tensor          # [S] int64: index in its row of the sample's first response token
+
+
+def _families(batch: TrainBatch) -> tuple[list[list[int]], list[int], list[int]]:
+    """Batch rows grouped by equal prompt tokens (first appearance order), and each row's prompt / total length."""
+    starts = [int(v) for v in batch.response_start.tolist()]                        # [S]
+    lengths = [int(v) for v in batch.attention_mask.sum(1).tolist()]                # [S]
+    ids = batch.input_ids.cpu()
+    families: dict[bytes, list[int]] = {}
+    for i, p in enumerate(starts):
+        families.setdefault(ids[i, :p].numpy().tobytes(), []).append(i)
+    return list(families.values()), starts, lengths
+
+
+def plan(batch: TrainBatch, max_tokens: int) -> list[list[int]] | None:
+    """Batch rows of each layout row (members share their prompt), or None where sharing does not pay."""
+    s = batch.input_ids.shape[0]
+    if s == 0 or batch.response_mask.shape[1] == 0:
+        return None
+    families, starts, lengths = _families(batch)
+    if len(families) == s or min(starts) == 0:
+        return None
+    rows: list[list[int]] = []
+    shared_tokens = 0
+    for fam in families:
+        p = starts[fam[0]]
+        row: list[int] = []
+        used = p
+        for i in fam:
+            r = lengths[i] - p
+            if row and used + r > max_tokens:
+                rows.append(row)
+                shared_tokens += used
+                row, used = [], p
+            row.append(i)
+            used += r
+        rows.append(row)
+        shared_tokens += used
+    padded_tokens = s * batch.input_ids.shape[1]
+    return rows if shared_tokens <= MIN_SAVING * padded_tokens else None
+
+
+def lay_out(batch: TrainBatch, rows: list[list[int]], pad_id: int = 0) -> SharedLayout:
+    """The layout tensors for `plan`'s rows."""
+    starts = [int(v) for v in batch.response_start.tolist()]
+    lengths = [int(v) for v in batch.attention_mask.sum(1).tolist()]
+    widths = [starts[r[0]] + sum(lengths[i] - starts[i] for i in r) for r in rows]
+    width = max(max(widths, default=1), 1)
+    dev = batch.input_ids.device
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.int64, device=dev)       # [R, L]
+    pos = torch.zeros((len(rows), width), dtype=torch.int64, device=dev)              # [R, L]
+    seg = torch.full((len(rows), width), -1, dtype=torch.int64, device=dev)           # [R, L]
+    s = batch.input_ids.shape[0]
+    row_of = torch.zeros(s, dtype=torch.int64, device=dev)                           # [S]
+    prompt_last = torch.zeros(s, dtype=torch.int64, device=dev)                      # [S]
+    offset = torch.zeros(s, dtype=torch.int64, device=dev)                           # [S]
+    for r, members in enumerate(rows):
+        p = starts[members[0]]
+        ids[r, :p] = batch.input_ids[members[0], :p]
+        pos[r, :p] = torch.arange(p, device=dev)
+        seg[r, :p] = 0
+        at = p
+        for k, i in enumerate(members, start=1):
+            n = lengths[i] - p
+            ids[r, at:at + n] = batch.input_ids[i, p:p + n]
+            pos[r, at:at + n] = torch.arange(p, p + n, device=dev)
+            seg[r, at:at + n] = k
+            row_of[i], prompt_last[i], offset[i] = r, p - 1, at
+            at += n
+        pos[r, at:] = torch.arange(width - at, device=dev)            # padding: a block of its own
+    return SharedLayout(input_ids=ids, position_ids=pos, segment=seg, row=row_of, prompt_last=prompt_last,
+                        offset=offset)
+
+
+def shared_mask(segment: torch.Tensor) -> torch.Tensor:
+    """segment [R, L] -> allowed [R, 1, L, L] bool: query i sees key j <= i of its own segment, and a response
+    query (segment >= 1) also sees its row's prompt (segment 0). Padding (-1) sees only padding."""
+    length = segment.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segment.device).tril()     # [L, L]
+    q, k = segment[:, :, None], segment[:, None, :]                                          # [R, L, 1], [R, 1, L]
+    allowed = ((q == k) | ((k == 0) & (q >= 1))) & causal[None]                              # [R, L, L]
+    return allowed[:, None]                                                                  # [R, 1, L, L]
+
+
+def attention_mask_for(model: torch.nn.Module, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The 4D mask in the form the model's attention takes: additive (0 / dtype min) for eager, bool otherwise."""
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attn != "eager":
+        return allowed
+    blocked = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def shared_response_logprobs(logits: torch.Tensor, layout: SharedLayout, batch: TrainBatch, temperature: float
+                             ) -> torch.Tensor:
+    """logits [R, L, V] of the layout -> logprobs [S, T] of each row's response tokens (float32).
+
+    Response token j of sample s sits at offset[s] + j; it is predicted by the prompt's last token (j = 0) or by the
+    response token before it. Positions past a sample's response read a finite dummy inside its row."""
+    s, t = batch.response_mask.shape
+    lengths = batch.attention_mask.sum(1)                                                      # [S]
+    resp_len = (lengths - batch.response_start).clamp(min=1)                                   # [S]
+    j = torch.arange(t, device=logits.device)[None, :].expand(s, t)                            # [S, T]
+    j = torch.minimum(j, resp_len[:, None] - 1)                                                # stay in the sample
+    target = (layout.offset[:, None] + j).clamp(max=logits.shape[1] - 1)                      # [S, T]
+    pred = torch.where(j == 0, layout.prompt_last[:, None], target - 1)                        # [S, T]
+    rows = layout.row[:, None].expand(s, t)                                                    # [S, T]
+    picked = logits[rows, pred]                                                                # [S, T, V]
+    scale = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(picked.float() / scale, dim=-1)                                   # [S, T, V]
+    record_entropy(batch, logp)                                                                # extras["entropy"]
+    targets = layout.input_ids[rows, target]                                                   # [S, T]
+    return torch.gather(logp, 2, targets[:, :, None]).squeeze(2)                               # [S, T]
+
+
+def shared_forward_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float, rows: list[list[int]],
+                            pad_id: int, compute_dtype: torch.dtype) -> torch.Tensor:
+    """Run the causal LM on the shared layout of `rows`; response-token logprobs [S, T]."""
+    layout = lay_out(batch, rows, pad_id)
+    mask = attention_mask_for(model, shared_mask(layout.segment), compute_dtype)
+    out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False)
+    return shared_response_logprobs(out.logits, layout, batch, temperature)
+
+
+class SharedPromptForward:
+    """A trainer forward that lays batches out shared where that saves tokens and runs `fallback` otherwise.
+
+    The first shared batch is also run through `fallback` for a few rows (no grad) to check the model honours
+    custom masks and position ids; on a mismatch the layout is switched off for the run."""
+
+    def __init__(self, fallback: ForwardFn, max_tokens: int, pad_id: int, compute_dtype: torch.dtype) -> None:
+        self.fallback, self.max_tokens, self.pad_id, self.compute_dtype = fallback, max_tokens, pad_id, compute_dtype
+        self.checked = False
+        self.enabled = True
+        self.shared_rows = 0           # batches laid out shared (for metrics and tests)
+
+    def __call__(self, model: torch.nn.Module, batch: TrainBatch, temperature: float) -> torch.Tensor:
+        rows = plan(batch, self.max_tokens) if self.enabled else None
+        if rows is not None and not self.checked:
+            self.checked = True
+            self.enabled = self._honoured(model, batch, temperature, rows)
+            if not self.enabled:
+                rows = None
+        if rows is None:
+            return self.fallback(model, batch, temperature)
+        self.shared_rows += 1
+        return shared_forward_logprobs(model, batch, temperature, rows, self.pad_id, self.compute_dtype)
+
+    def _honoured(self, model: torch.nn.Module, batch: TrainBatch, temperature: float, rows: list[list[int]]
+                  ) -> bool:
+        probe = rows[0]
+        sub = select_rows(batch, torch.tensor(probe, device=batch.input_ids.device), trim=True)
+        sub.extras = {}
+        with torch.no_grad():
+            want = self.fallback(model, sub, temperature)                                        # [k, T]
+            got = shared_forward_logprobs(model, sub, temperature, [list(range(len(probe)))],
+                                          self.pad_id, self.compute_dtype)                      # [k, T]
+        live = sub.response_mask > 0
+        diff = float((want - got).abs()[live].max()) if bool(live.any()) else 0.0
+        tol = CHECK_TOLERANCE.get(self.compute_dtype, 5e-2)
+        if diff > tol:
+            log.warning("shared-prompt forward switched off: on the first batch its logprobs differ from the padded "
+                        "forward's by %.3g (> %.3g); the model may ignore custom 4D masks or position ids", diff, tol)
+            return False
+        log.info("shared-prompt forward checked on the first batch (max logprob difference %.3g)", diff)
+        return True
