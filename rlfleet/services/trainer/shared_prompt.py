@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlfleet.protocols import TrainBatch
@@ -83,35 +84,47 @@ def plan(batch: TrainBatch, max_tokens: int) -> list[list[int]] | None:
 
 
 def lay_out(batch: TrainBatch, rows: list[list[int]], pad_id: int = 0) -> SharedLayout:
-    """The layout tensors for `plan`'s rows."""
-    starts = [int(v) for v in batch.response_start.tolist()]
-    lengths = [int(v) for v in batch.attention_mask.sum(1).tolist()]
-    widths = [starts[r[0]] + sum(lengths[i] - starts[i] for i in r) for r in rows]
-    width = max(max(widths, default=1), 1)
+    """The layout tensors for `plan`'s rows. Vectorised: every token's source (batch row, column) and destination
+    (layout row, column) are computed as numpy index arrays and copied at once."""
+    ids_in = batch.input_ids.cpu().numpy()                                                # [S, L0]
+    starts = batch.response_start.cpu().numpy().astype(np.int64)                          # [S]
+    resp = batch.attention_mask.sum(1).cpu().numpy().astype(np.int64) - starts            # [S] response lengths
+    s, n_rows = ids_in.shape[0], len(rows)
+    members = np.array([i for r in rows for i in r], dtype=np.int64)                       # [S] in layout order
+    row_of_m: np.ndarray = np.repeat(np.arange(n_rows), [len(r) for r in rows])                       # [S] layout row
+    first = np.array([r[0] for r in rows], dtype=np.int64)                                 # [R] prompt source
+    p_row = starts[first]                                                                  # [R] prompt lengths
+    lens = resp[members]                                                                   # [S]
+    ends = np.cumsum(lens)                                                                 # inclusive, global
+    row_first = np.asarray(np.searchsorted(row_of_m, np.arange(n_rows)))                   # [R] its first member
+    before = ends - lens                                                                   # exclusive, global
+    offset_m = p_row[row_of_m] + before - before[row_first][row_of_m]                      # [S] in its row
+    rank_m = np.arange(len(members)) - row_first[row_of_m] + 1                             # [S] 1..k in its row
+    used = p_row + np.bincount(row_of_m, weights=lens, minlength=n_rows).astype(np.int64)  # [R] tokens in row
+    width = max(int(used.max(initial=1)), 1)
+    ids: np.ndarray = np.full((n_rows, width), pad_id, dtype=np.int64)                                 # [R, L]
+    seg: np.ndarray = np.full((n_rows, width), -1, dtype=np.int64)                                     # [R, L]
+    pos = np.tile(np.arange(width, dtype=np.int64), (n_rows, 1))                           # [R, L] padding: own block
+    # prompts: row r, columns 0..p-1 from batch row first[r]
+    pr: np.ndarray = np.repeat(np.arange(n_rows), p_row)                                               # [sum p]
+    pc = np.arange(len(pr)) - np.repeat(np.cumsum(p_row) - p_row, p_row)                   # [sum p]
+    ids[pr, pc], seg[pr, pc] = ids_in[first[pr], pc], 0
+    # responses: token j of member m at (row_of_m, offset_m + j), from (members[m], starts + j), position p + j
+    tm: np.ndarray = np.repeat(np.arange(len(members)), lens)                              # [N] member of token
+    tj = np.arange(len(tm)) - np.repeat(before, lens)                                      # [N] index in response
+    src = members[tm]
+    ids[row_of_m[tm], offset_m[tm] + tj] = ids_in[src, starts[src] + tj]
+    pos[row_of_m[tm], offset_m[tm] + tj] = p_row[row_of_m[tm]] + tj
+    seg[row_of_m[tm], offset_m[tm] + tj] = rank_m[tm]
+    # padding after a row's last response: positions restart at 0 there (a block of its own)
+    pad = np.arange(width)[None, :] >= used[:, None]                                       # [R, L]
+    pos[pad] = (np.arange(width)[None, :] - used[:, None])[pad]
+    row_of, prompt_last, offset = (np.zeros(s, dtype=np.int64) for _ in range(3))          # [S] each
+    row_of[members], prompt_last[members], offset[members] = row_of_m, p_row[row_of_m] - 1, offset_m
     dev = batch.input_ids.device
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.int64, device=dev)       # [R, L]
-    pos = torch.zeros((len(rows), width), dtype=torch.int64, device=dev)              # [R, L]
-    seg = torch.full((len(rows), width), -1, dtype=torch.int64, device=dev)           # [R, L]
-    s = batch.input_ids.shape[0]
-    row_of = torch.zeros(s, dtype=torch.int64, device=dev)                           # [S]
-    prompt_last = torch.zeros(s, dtype=torch.int64, device=dev)                      # [S]
-    offset = torch.zeros(s, dtype=torch.int64, device=dev)                           # [S]
-    for r, members in enumerate(rows):
-        p = starts[members[0]]
-        ids[r, :p] = batch.input_ids[members[0], :p]
-        pos[r, :p] = torch.arange(p, device=dev)
-        seg[r, :p] = 0
-        at = p
-        for k, i in enumerate(members, start=1):
-            n = lengths[i] - p
-            ids[r, at:at + n] = batch.input_ids[i, p:p + n]
-            pos[r, at:at + n] = torch.arange(p, p + n, device=dev)
-            seg[r, at:at + n] = k
-            row_of[i], prompt_last[i], offset[i] = r, p - 1, at
-            at += n
-        pos[r, at:] = torch.arange(width - at, device=dev)            # padding: a block of its own
-    return SharedLayout(input_ids=ids, position_ids=pos, segment=seg, row=row_of, prompt_last=prompt_last,
-                        offset=offset)
+    t = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
+    return SharedLayout(input_ids=t(ids), position_ids=t(pos), segment=t(seg), row=t(row_of),
+                        prompt_last=t(prompt_last), offset=t(offset))
 
 
 def shared_mask(segment: torch.Tensor) -> torch.Tensor:
