@@ -1,13 +1,15 @@
-"""Trainer step time with the FSDP2 backend: 1 vs 2 processes, and padded vs packed sequences, in the same run.
-Prints, never asserts.
+"""Trainer step time with the FSDP2 backend: 1 vs 2 processes, and padded vs packed vs shared-prompt rows (a
+group's prompt computed once: rlfleet/services/trainer/shared_prompt.py), in the same run. Prints, never asserts.
 
 The same fixed batches (GRPO, `--groups` groups of 8 samples with prompt+response lengths spread between
 `--min-len` and `--max-len` tokens, like RL rollouts whose responses stop at different places) are trained by each
-configuration: {1, 2} processes x {padded, packed}. Each process uses one torch thread (2 processes use 2 cores).
+configuration: {1, 2} processes x {padded, packed, shared}. Each process uses one torch thread (2 processes use 2
+cores).
 Every configuration runs `--warmup` untimed steps, then `--steps` timed ones; the median step time is reported, with
 ratios against "1 process, padded". Rounds alternate configurations so ratios compare runs seconds apart.
 Model: a llama of `--hidden` x `--layers` (vocab 19, the addition recipe's shape family).
 Run: python bench/trainer_step.py [--rounds 2] [--steps 5] [--hidden 256] [--layers 4] [--groups 8]
+The addition example's shape: --hidden 128 --layers 4 --groups 32 --min-len 10 --max-len 12 --prompt-len 7
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ from rlfleet.v1 import buffer_pb2  # noqa: E402
 GROUP = 8
 
 
-def make_batch(step: int, groups: int, min_len: int, max_len: int) -> buffer_pb2.Batch:
+def make_batch(step: int, groups: int, min_len: int, max_len: int, prompt_len: int = 0) -> buffer_pb2.Batch:
     g = torch.Generator().manual_seed(step)
     samples, gids = [], []
     for gi in range(groups):
         gid = f"s{step}g{gi}"
         gids.append(gid)
-        prompt = torch.randint(3, 19, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
+        n = prompt_len or int(torch.randint(4, 12, (1,), generator=g))
+        prompt = torch.randint(3, 19, (n,), generator=g).tolist()
         for i in range(GROUP):
             total = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
             t = max(total - len(prompt), 1)
@@ -55,13 +58,14 @@ def make_batch(step: int, groups: int, min_len: int, max_len: int) -> buffer_pb2
     return buffer_pb2.Batch(step=step, samples=samples, group_ids=gids, complete=True)
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, packing: bool, args: dict, out: str) -> None:
+def _worker(rank: int, world: int, port: int, model_dir: str, layout: str, args: dict, out: str) -> None:
     torch.set_num_threads(1)
     cfg = parse_config({
         "run": {"dir": str(Path(out).parent / "run")}, "model": {"path": model_dir},
         "rollout": {"data_source": "x:y", "reward_fn": "x:y", "group_size": GROUP},
         "trainer": {"world_size": world, "groups_per_step": args["groups"], "lr": 1e-4,
-                    "packing": {"enabled": packing, "max_tokens": args["pack_tokens"]}},
+                    "packing": {"enabled": layout == "packed", "max_tokens": args["pack_tokens"]}},
+        "perf": {"shared_prompt": layout == "shared"},
     })
     device = torch.device("cpu")
     init_distributed(f"127.0.0.1:{port}", rank, world, device)
@@ -72,7 +76,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, packing: bool, arg
                           device=device, pad_id=backend.pad_id)
         times = []
         for step in range(args["warmup"] + args["steps"]):
-            batch = make_batch(step, args["groups"], args["min_len"], args["max_len"])
+            batch = make_batch(step, args["groups"], args["min_len"], args["max_len"], args["prompt_len"])
             groups = rank_groups(batch, rank, world, 1)
             dist.barrier()
             t0 = time.perf_counter()
@@ -98,12 +102,14 @@ def main() -> None:
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--pack-tokens", type=int, default=512)
+    p.add_argument("--prompt-len", type=int, default=0, help="0: 4-11 tokens, drawn per group")
     ns = p.parse_args()
     args = vars(ns)
     from examples.addition.model import build_random_model
 
-    configs = [(1, False), (1, True), (2, False), (2, True)]
-    results: dict[tuple[int, bool], list[float]] = {c: [] for c in configs}
+    layouts = ("padded", "packed", "shared")
+    configs = [(w, lay) for w in (1, 2) for lay in layouts]
+    results: dict[tuple[int, str], list[float]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         build_random_model(model_dir, seed=0, hidden=ns.hidden, layers=ns.layers)
@@ -112,22 +118,24 @@ def main() -> None:
         print(f"model: llama hidden={ns.hidden} layers={ns.layers} ({params / 1e6:.2f}M params); batch: "
               f"{ns.groups}x{GROUP} samples of {ns.min_len}-{ns.max_len} tokens; {ns.steps} timed steps per config")
         for r in range(ns.rounds):
-            for world, packing in configs:
-                out = Path(tmp) / f"t{r}-{world}-{int(packing)}.json"
-                mp.spawn(_worker, args=(world, free_ports(1)[0], str(model_dir), packing, args, str(out)), nprocs=world,
+            for world, layout in configs:
+                out = Path(tmp) / f"t{r}-{world}-{layout}.json"
+                mp.spawn(_worker, args=(world, free_ports(1)[0], str(model_dir), layout, args, str(out)), nprocs=world,
                          join=True)
-                results[(world, packing)].extend(json.loads(out.read_text()))
-    base = statistics.median(results[(1, False)])
-    print(f"{'processes':>9} {'packing':>8} {'median step s':>14} {'vs 1 proc padded':>17}")
-    for world, packing in configs:
-        med = statistics.median(results[(world, packing)])
-        print(f"{world:>9} {('packed' if packing else 'padded'):>8} {med:>14.3f} {base / med:>16.2f}x")
+                results[(world, layout)].extend(json.loads(out.read_text()))
+    base = statistics.median(results[(1, "padded")])
+    print(f"{'processes':>9} {'rows':>8} {'median step s':>14} {'vs 1 proc padded':>17}")
+    for world, layout in configs:
+        med = statistics.median(results[(world, layout)])
+        print(f"{world:>9} {layout:>8} {med:>14.3f} {base / med:>16.2f}x")
     for world in (1, 2):
-        ratio = statistics.median(results[(world, False)]) / statistics.median(results[(world, True)])
-        print(f"packing speed-up on {world} process(es): {ratio:.2f}x")
-    for packing in (False, True):
-        ratio = statistics.median(results[(1, packing)]) / statistics.median(results[(2, packing)])
-        print(f"2 vs 1 processes ({'packed' if packing else 'padded'}): {ratio:.2f}x")
+        padded = statistics.median(results[(world, "padded")])
+        for layout in ("packed", "shared"):
+            ratio = padded / statistics.median(results[(world, layout)])
+            print(f"{layout} vs padded on {world} process(es): {ratio:.2f}x")
+    for layout in layouts:
+        ratio = statistics.median(results[(1, layout)]) / statistics.median(results[(2, layout)])
+        print(f"2 vs 1 processes ({layout}): {ratio:.2f}x")
 
 
 if __name__ == "__main__":

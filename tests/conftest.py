@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,3 +28,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     check_marks(item)
+
+
+@pytest.fixture(scope="module")
+def gloo_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A one-rank gloo process group for the module's tests (the trainer's collectives need one)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = tmp_path_factory.mktemp("pg") / "store"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -17,7 +17,6 @@ from typing import Any
 import openai
 import pytest
 import torch
-import torch.distributed as dist
 from openai.types.chat import ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
@@ -72,15 +71,6 @@ def live(calculator_model: Path) -> Iterator[tuple[OpenAIServer, SessionStore, T
     yield server, store, engine, tok
     server.stop()
     engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def gloo_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    if not dist.is_initialized():
-        store = tmp_path_factory.mktemp("pg") / "store"
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _client(server: OpenAIServer, key: str = KEY) -> openai.OpenAI:

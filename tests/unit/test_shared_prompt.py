@@ -5,12 +5,10 @@ detected on the first batch and run padded."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config import TrainerConfig
@@ -142,15 +140,6 @@ def test_a_model_that_ignores_the_mask_is_run_padded(model_dir: Path, caplog: py
     assert "shared-prompt forward switched off" in caplog.text
     with torch.no_grad():
         assert torch.equal(out, forward_logprobs(model, batch, 1.0)) and torch.equal(again, out)
-
-
-@pytest.fixture(scope="module")
-def gloo_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    if not dist.is_initialized():
-        store = tmp_path_factory.mktemp("pg") / "store"
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _step(model_dir: Path, shared: bool) -> tuple[dict[str, float], dict[str, torch.Tensor], SharedPromptForward]:

@@ -3,13 +3,11 @@ and gradients as the separate no-grad forward (two passes), with one forward ins
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config import TrainerConfig
@@ -52,15 +50,6 @@ class _Recorder:
 
 class _NeedsOld:
     needs_old_logprobs = True
-
-
-@pytest.fixture(scope="module")
-def gloo_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    if not dist.is_initialized():
-        store = tmp_path_factory.mktemp("pg") / "store"
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _run(model_dir: Path, single_pass: bool, advantage: str) -> tuple[dict[str, float], _Recorder, int]:
