@@ -72,9 +72,17 @@ def _run_all(engine: Engine, prompts: list[list[int]], sampling: SamplingParams)
     return [f.result(timeout=300) for f in futures]
 
 
+def _run_alone(engine: Engine, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+    return [engine.submit(p, sampling).result(timeout=300) for p in prompts]
+
+
 def assert_greedy_parity(built_in: TorchEngine, sgl: SGLangEngine) -> float:
-    """Identical ids, logprobs within TOL, for every prompt; returns the largest logprob difference."""
-    ours, theirs = _run_all(built_in, PROMPTS, GREEDY), _run_all(sgl, PROMPTS, GREEDY)
+    """Identical ids, logprobs within TOL, for every prompt; returns the largest logprob difference.
+
+    Each prompt runs alone on each engine. Submitted together, which requests share a decode batch depends on
+    timing, and so do both engines' float32 roundings: the difference then reached 1.4e-5 in one full run in eight.
+    Alone, each engine's result is deterministic, so the comparison is too."""
+    ours, theirs = _run_alone(built_in, PROMPTS, GREEDY), _run_alone(sgl, PROMPTS, GREEDY)
     worst = 0.0
     for prompt, a, b in zip(PROMPTS, ours, theirs, strict=True):
         assert b.output_ids == a.output_ids, f"prompt {prompt}: torch {a.output_ids} sglang {b.output_ids}"
