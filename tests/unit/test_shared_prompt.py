@@ -136,7 +136,7 @@ def test_a_model_that_ignores_the_mask_is_run_padded(model_dir: Path, caplog: py
     with caplog.at_level(logging.WARNING), torch.no_grad():
         out = fwd(model, batch, 1.0)
         again = fwd(model, batch, 1.0)
-    assert not fwd.enabled and fwd.shared_rows == 0
+    assert not fwd.enabled and fwd.shared_batches == 0
     assert "shared-prompt forward switched off" in caplog.text
     with torch.no_grad():
         assert torch.equal(out, forward_logprobs(model, batch, 1.0)) and torch.equal(again, out)
@@ -162,7 +162,7 @@ def _step(model_dir: Path, shared: bool) -> tuple[dict[str, float], dict[str, to
 def test_a_train_step_is_the_same_shared_or_padded(model_dir: Path, gloo_world: None) -> None:
     shared, g_shared, fwd = _step(model_dir, True)
     padded, g_padded, _ = _step(model_dir, False)
-    assert fwd.enabled and fwd.shared_rows == 1             # checked once, then laid out shared
+    assert fwd.enabled and fwd.shared_batches == 1             # checked once, then laid out shared
     assert set(shared) == set(padded)
     for key, value in padded.items():
         assert shared[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key

@@ -255,6 +255,7 @@ class WorkLoop:
             self._groups[ticket.group_id] = gctx
         held: list[Sample] = []         # yielded, not yet put: a group is put together (it is ready only whole)
         raw: list[bytes] = []           # their serialized bytes
+        raw_bytes = 0
         try:
             prompt = self._data[ticket.prompt_index]
             for sample in iter_samples(self._fn(gctx, prompt, ticket)):
@@ -262,9 +263,10 @@ class WorkLoop:
                 delivered.add(sample.index)
                 held.append(sample)
                 raw.append(encoded)
-                if sum(map(len, raw)) >= PUT_BATCH_BYTES:
+                raw_bytes += len(encoded)
+                if raw_bytes >= PUT_BATCH_BYTES:
                     self._emit(held, raw)
-                    held, raw = [], []
+                    held, raw, raw_bytes = [], [], 0
             # DUPLICATE is not "group done": a re-issued group answers it for the indices its dead holder put.
             self._emit(held, raw)
             held, raw = [], []

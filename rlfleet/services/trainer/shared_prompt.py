@@ -187,7 +187,7 @@ class SharedPromptForward:
         self.fallback, self.max_tokens, self.pad_id, self.compute_dtype = fallback, max_tokens, pad_id, compute_dtype
         self.checked = False
         self.enabled = True
-        self.shared_rows = 0           # batches laid out shared (for metrics and tests)
+        self.shared_batches = 0        # batches laid out shared (for metrics and tests)
 
     def __call__(self, model: torch.nn.Module, batch: TrainBatch, temperature: float) -> torch.Tensor:
         rows = plan(batch, self.max_tokens) if self.enabled else None
@@ -198,7 +198,7 @@ class SharedPromptForward:
                 rows = None
         if rows is None:
             return self.fallback(model, batch, temperature)
-        self.shared_rows += 1
+        self.shared_batches += 1
         return shared_forward_logprobs(model, batch, temperature, rows, self.pad_id, self.compute_dtype)
 
     def _honoured(self, model: torch.nn.Module, batch: TrainBatch, temperature: float, rows: list[list[int]]
