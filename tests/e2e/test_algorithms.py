@@ -61,8 +61,11 @@ def test_lora_trains_and_publishes_adapters_only(tmp_path: Path, warm_model: Pat
     at lr 3e-3 moved it by +3.2, then by -0.2 points over 50 steps as unrelated code changed the random draws, and
     by -14.6 or -16.6 at 5e-3 or 1e-2 - one seed's luck, not a property.)"""
     steps = 20
+    # synchronous, so that each step's samples come from the weights it trains: logprob_abs_diff is then the
+    # engine's serving error alone, not the lag of asynchronous RL (the example's default, max_staleness 1)
     s = _run(tmp_path, warm_model, {"trainer.lora.rank": 8, "trainer.lora.alpha": 16, "trainer.lr": 3e-3,
-                                    "trainer.steps": steps, "trainer.checkpoint_every": steps})
+                                    "trainer.steps": steps, "trainer.checkpoint_every": steps,
+                                    "buffer.max_staleness": 0})
     log = (s["run_dir"] / "logs" / "weight_sync.log").read_text()
     published = [(int(v), int(n), int(b)) for v, n, b in PUBLISHED.findall(log)]
     assert len(published) == steps + 1

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.calculator_model import calculator_model_dir
 from tests.support.runs import ROOT, failure_report, run_rlfleet, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -15,14 +16,7 @@ CONFIG = ROOT / "examples" / "calculator" / "config.yaml"
 
 @pytest.fixture(scope="module")
 def calculator_model() -> Path:
-    import torch
-
-    from examples.calculator.warm_start import SFT_STEPS, prepare
-
-    torch.set_num_threads(1)
-    path = Path.home() / ".cache" / "rlfleet" / f"calculator-warm-start-{SFT_STEPS}"
-    prepare(str(path), seed=0)
-    return path
+    return calculator_model_dir()
 
 
 def test_calculator_example_runs(tmp_path: Path, calculator_model: Path) -> None:

@@ -37,19 +37,6 @@ def marking_rollout(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) ->
         yield sample
 
 
-@pytest.fixture(scope="module")
-def warm_model() -> Path:
-    """The addition warm start, cached across sessions (the run itself is what this test is about)."""
-    import torch
-
-    from examples.addition.warm_start import prepare
-
-    torch.set_num_threads(1)
-    path = Path.home() / ".cache" / "rlfleet" / "addition-warm-start"
-    prepare(str(path), seed=0)
-    return path
-
-
 def test_replica_killed_mid_generation_loses_no_group(tmp_path: Path, warm_model: Path) -> None:
     run_dir, marks = tmp_path / "run", tmp_path / "marks"
     marks.mkdir()

@@ -28,7 +28,7 @@ from tests.support.runs import EXAMPLE, ROOT, rlfleet_cmd, summary
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 MARK_DIR = "RLFLEET_TEST_MARK_DIR"
-STEPS, GROUPS, GROUP_SIZE, LEASE = 30, 8, 4, 600.0
+STEPS, GROUPS, GROUP_SIZE, LEASE = 22, 8, 4, 600.0
 UP_AT, AT_THREE = 4, 5           # scale to 3 at step UP_AT; back to 1 after AT_THREE steps with all 3 serving
 
 
