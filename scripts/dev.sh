@@ -54,12 +54,14 @@ case "$cmd" in
     exec rlfleet run examples/addition/config.yaml "$@"
     ;;
   test)
-    setup_python
-    echo "dev.sh: .venv ready at ${SECONDS}s"
-    # .venv-sglang for the `sglang` tests (~2 min once; a no-op after): its own venv, so it installs while the rest
-    # of the setup, the lint and the type check run; pytest waits for it
+    # .venv-sglang for the `sglang` tests (~2.5 min once; a no-op after): its own venv, so it installs while .venv,
+    # the test tools, the lint and the type check do (it was the setup's critical path when it started after .venv);
+    # pytest waits for it
+    mkdir -p "$VENV"
     bash scripts/install_sglang_cpu.sh >"$VENV/install-sglang.log" 2>&1 &
     sglang_setup=$!
+    setup_python
+    echo "dev.sh: .venv ready at ${SECONDS}s"
     setup_test_services
     echo "dev.sh: test extras, Redis and chart tools ready at ${SECONDS}s"
     export PATH="$VENV/bin:$PATH"

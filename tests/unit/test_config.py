@@ -15,7 +15,7 @@ EXAMPLE = ROOT / "examples" / "addition" / "config.yaml"
 
 def test_example_config_loads() -> None:
     cfg = load_config(EXAMPLE)
-    assert cfg.rollout.group_size == 8 and cfg.buffer.max_staleness == 0
+    assert cfg.rollout.group_size == 8 and cfg.buffer.max_staleness == 1    # the file's, not the default (0)
     assert cfg.model_path == Path("runs/addition/warm_start")
 
 
