@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import signal
 import subprocess
@@ -12,27 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """In a child, before exec: receive SIGTERM when the parent dies (Linux PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: the parent's own cleanup still runs on every exit path it controls
-
-
-def _child_setup() -> None:
-    """In the child, before exec: own session (Ctrl-C reaches only the launcher), die when the launcher dies."""
-    os.setsid()
-    die_with_parent()
-
-
-def _pinned_child_setup(cpus: tuple[int, ...]) -> None:
-    """`_child_setup`, then pin the child to `cpus` before exec: every thread it ever starts inherits them."""
-    _child_setup()
-    os.sched_setaffinity(0, cpus)
+from rlfleet.exec_child import wrap
 
 
 class Child:
@@ -44,10 +22,11 @@ class Child:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, *args], stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env,
-                                     preexec_fn=_child_setup if cpus is None else
-                                     functools.partial(_pinned_child_setup, tuple(cpus)))
+        # own session (Ctrl-C reaches only the launcher), SIGTERM when the launcher dies, pinned to `cpus`: set by
+        # rlfleet.exec_child after the fork, not by a preexec_fn in this gRPC-threaded process (see there)
+        self.proc = subprocess.Popen(wrap([sys.executable, *args], parent=os.getpid(), cpus=cpus),
+                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
 
     @property
     def returncode(self) -> int | None:

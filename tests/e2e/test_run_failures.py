@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,18 +48,22 @@ def test_config_and_plugin_errors_are_short(tmp_path: Path, warm_model: Path) ->
     assert "Traceback" not in r.stderr
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+# What a script's background job gets: SIGINT ignored, inherited across exec. Set in a small exec wrapper, not a
+# preexec_fn: Python code between fork and exec in this gRPC-threaded pytest process can abort the child.
+IGNORING_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                   "os.execv(sys.argv[1], sys.argv[1:])")
 
 
 def _start(tmp_path: Path, warm_model: Path,
            ignore_sigint: bool = False) -> tuple[subprocess.Popen[str], Path]:
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(rlfleet_cmd(ROOT / "examples/addition/config.yaml", run_dir, warm_model,
-                                        {"trainer.steps": 500, "eval.data_source": None}),
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_ignore_sigint if ignore_sigint else None)
+    cmd = rlfleet_cmd(ROOT / "examples/addition/config.yaml", run_dir, warm_model,
+                      {"trainer.steps": 500, "eval.data_source": None})
+    if ignore_sigint:
+        cmd = [sys.executable, "-c", IGNORING_SIGINT, *cmd]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     metrics = run_dir / "metrics" / "trainer.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and '"loss"' in metrics.read_text()):

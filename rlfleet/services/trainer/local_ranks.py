@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from rlfleet.processes import die_with_parent
+from rlfleet.exec_child import wrap
 from rlfleet.ranks import RankPlacement, rank_env
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,8 @@ def run_local_ranks(placements: Sequence[RankPlacement], command: Callable[[Rank
     env.pop("RLFLEET_RANKS_PER_POD", None)      # a child is one rank: it must not supervise again
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for p in placements:
-        procs[p.rank] = subprocess.Popen(command(p), env={**env, **rank_env(p)}, stdin=subprocess.DEVNULL,
-                                         preexec_fn=die_with_parent)
+        procs[p.rank] = subprocess.Popen(wrap(command(p), parent=os.getpid()), env={**env, **rank_env(p)},
+                                         stdin=subprocess.DEVNULL)
     stopping = {"signal": 0}
 
     def forward(signum: int, _frame: object) -> None:

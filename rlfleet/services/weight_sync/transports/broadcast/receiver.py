@@ -65,6 +65,7 @@ class BroadcastReceiver:
         self._failed: dict[int, str] = {}
         self.member = False           # in a group now
         self.generation = -1          # the generation of the group this replica is (or was last) in
+        self.joined: list[int] = []   # every generation it joined, in order (a fact; `member` is only the present)
         self._pending = -1            # the generation it took a rank in and waits to see formed
         self.from_group = 0           # versions fetched from the group
         self.from_stream = 0          # versions fetched over the gRPC stream
@@ -110,6 +111,7 @@ class BroadcastReceiver:
                 self._pending = -1
                 if group is not None:
                     self.member, self.dead, self.generation = True, "", gen
+                    self.joined.append(gen)
                 self._cond.notify_all()
             if group is None:
                 self._end("the trainer formed the broadcast group without this replica")
@@ -168,9 +170,12 @@ class BroadcastReceiver:
 
     # --- fetch ------------------------------------------------------------------------------------------------------
     def wait_joined(self, timeout: float) -> bool:
+        """True once this replica has joined a group, even if it has lost it since (see `member` for now); False
+        when it was counted out (`dead` says why) or the timeout passed first. Asking `member` here raced: a group
+        joined and lost before the waiter woke up read as never joined."""
         with self._cond:
-            self._cond.wait_for(lambda: self.member or bool(self.dead), timeout)
-            return self.member
+            self._cond.wait_for(lambda: bool(self.joined) or bool(self.dead), timeout)
+            return bool(self.joined)
 
     def fetch(self, manifest: weights_pb2.WeightManifest, token: Credential, timeout: float,
               replica_id: str = "") -> list[tuple[str, torch.Tensor]]:
