@@ -91,17 +91,16 @@ class Replica:
 
 
 def _killing(named: list[tuple[str, torch.Tensor]], after: int, victim: Replica,
-             read: list[str], members: list[Replica] | None = None,
-             joined: list[bytes] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+             read: list[str], members: list[Replica], joined: list[bytes]) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors (their names go to `read` as they are taken), SIGKILLing the victim once `after` have gone.
-    With `members`: before the kill, wait for each one's join report (into `joined`). The trainer's side of the group
+    Before the kill, wait for each member's join report (into `joined`). The trainer's side of the group
     is up once it streams, but a member may still be connecting its own side; a death then is a death during
     formation, which this test is not about (that member counts itself out, a different path)."""
     for i, item in enumerate(named):
         if i == after:                            # the first buckets are on the wire, the rest not yet
-            for r in members or []:
+            for r in members:
                 assert r.conn.poll(60), "a member did not report joining within 60 s"
-                (joined if joined is not None else []).append(r.conn.recv_bytes())
+                joined.append(r.conn.recv_bytes())
             victim.proc.kill()
             victim.proc.join(30)
         read.append(item[0])
