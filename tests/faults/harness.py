@@ -23,8 +23,10 @@ Run: python -m tests.faults.harness --seeds 100 [--store embedded|redis|both] [-
 
 Run mode (tests/faults/run_mode.py): the real `rlfleet run` launcher and its service processes instead of worker
 threads, SIGKILL and SIGSTOP/SIGCONT of a rollout replica, trainer-0, the buffer, weight_sync and redis-server,
-a run the fault ended resumed with --resume; the ledger from durable evidence only (tests/faults/evidence.py):
+power loss of the whole run and disk full for the buffer or trainer-0 (embedded store), a run the fault ended
+resumed with --resume; the ledger from durable evidence only (tests/faults/evidence.py):
 python -m tests.faults.harness --mode run --seeds 100 [--store embedded|redis|both] [--steps 24] [--faults 3]
+    [--kinds power_loss,buffer_disk_full,...]
 """
 
 from __future__ import annotations

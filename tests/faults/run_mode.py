@@ -11,6 +11,12 @@ process named in RUN_DIR/processes.json (checked to be a child of the current la
   trainer_stop, buffer_stop, weight_sync_stop   SIGSTOP for 0.5-3 s, then SIGCONT
   redis_kill9    (store redis) SIGKILL the harness's redis-server and start it again on its AOF (appendfsync always)
   redis_stop     (store redis) SIGSTOP redis-server for 0.5-3 s
+  power_loss     (store embedded) the node loses power: the launcher and every service SIGSTOPped, then all
+                 SIGKILLed at once (trainer-0 may be mid-checkpoint, the buffer mid-commit); then the buffer's log
+                 gets what a power loss may leave after its last fsync: nothing, a torn prefix of one more commit
+                 frame, or zeros (a tail the filesystem extended but never wrote); the run is resumed
+  buffer_disk_full, trainer_disk_full   the disk fills for 1-2.5 s: writes past a file's current size fail for
+                 that process (RLIMIT_FSIZE of the live process: the buffer's log, trainer-0's checkpoints)
 A run that exits non-zero (for whatever reason: the fault, or a replica out of restarts) is resumed, up to
 faults + 2 times; a launcher that makes no progress for `stall_s` is a finding (wedged) and is stopped.
 The ledger is built from durable evidence only (tests.faults.evidence): the store's history of puts, the complete
@@ -21,9 +27,11 @@ Recovery time: from the fault (SIGKILL, or SIGCONT for a stop) to the next check
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -31,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlfleet.services.buffer.stores.embedded import LOG_NAME
+from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan
 from tests.faults.evidence import (
     complete_steps,
     embedded_dropped_ids,
@@ -39,14 +49,15 @@ from tests.faults.evidence import (
     redis_put_ids,
     stored_ids,
 )
-from tests.faults.ledger import Ledger, Verdict, check
+from tests.faults.ledger import Fault, Ledger, Verdict, check
 from tests.support.redis_server import RedisServer
 from tests.support.runs import EXAMPLE, ROOT, rlfleet_cmd
 
 SERVICE_FAULTS = ("replica_kill9", "replica_stop", "trainer_kill9", "trainer_stop", "buffer_kill9", "buffer_stop",
                   "weight_sync_kill9", "weight_sync_stop")
 REDIS_FAULTS = ("redis_kill9", "redis_stop")
-RUN_ENDING = ("trainer_kill9", "buffer_kill9", "weight_sync_kill9")   # the launcher stops the run: resumed
+EMBEDDED_FAULTS = ("power_loss", "buffer_disk_full", "trainer_disk_full")
+RUN_ENDING = ("trainer_kill9", "buffer_kill9", "weight_sync_kill9", "power_loss")   # the run stops: resumed
 RUN_NAME = "faults"
 
 
@@ -61,7 +72,7 @@ class Planned:
 
 def schedule(seed: int, store: str, steps: int, faults: int, kinds: tuple[str, ...] | None = None) -> list[Planned]:
     rng = random.Random(seed)
-    pool = kinds or (SERVICE_FAULTS + (REDIS_FAULTS if store == "redis" else ()))
+    pool = kinds or (SERVICE_FAULTS + (REDIS_FAULTS if store == "redis" else EMBEDDED_FAULTS))
     # Faults fall in the first half of the run: the second half is the runway each needs to land while the run is
     # live and to show its recovery. Steps are paced by the machine (0.1 s each on a quiet 2-core one, seconds on
     # a loaded one), so a fault scheduled near the end could land after the last step on a fast machine.
@@ -81,14 +92,25 @@ def overrides(run_dir: Path, model: Path, steps: int, store: str, redis_url: str
     return o
 
 
-def is_child(pid: int, parent: int) -> bool:
-    """pid is alive and a child of parent (never signal a pid that a finished run left in processes.json)."""
+def _state_and_parent(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and parent pid (/proc/PID/stat), or None when there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
+        return None
     state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-    return state not in ("Z", "X") and int(ppid) == parent      # a killed child the launcher has not reaped: gone
+    return state, int(ppid)
+
+
+def _running(pid: int) -> bool:
+    found = _state_and_parent(pid)
+    return found is not None and found[0] not in ("Z", "X")     # a killed child not yet reaped: gone
+
+
+def is_child(pid: int, parent: int) -> bool:
+    """pid is alive and a child of parent (never signal a pid that a finished run left in processes.json)."""
+    found = _state_and_parent(pid)
+    return found is not None and found[0] not in ("Z", "X") and found[1] == parent
 
 
 class Launcher:
@@ -227,7 +249,9 @@ def committed(ledger: Ledger, step: int, when: float, not_before: dict[int, floa
 
 def inject(p: Planned, launcher: Launcher, run_dir: Path, redis: RedisServer | None, ledger: Ledger) -> str:
     """Inject one planned fault; returns what was done."""
-    target = p.kind.rsplit("_", 1)[0]
+    if p.kind == "power_loss":
+        return power_loss(p, launcher, run_dir, ledger)
+    target = p.kind.removesuffix("_kill9").removesuffix("_stop").removesuffix("_disk_full")
     if target == "redis":
         assert redis is not None and redis.proc is not None
         pid: int | None = redis.proc.pid
@@ -250,6 +274,8 @@ def inject(p: Planned, launcher: Launcher, run_dir: Path, redis: RedisServer | N
             redis.proc.wait()
             redis.start()
         return f"{p.kind} pid {pid}"
+    if p.kind.endswith("_disk_full"):
+        return disk_full(p, pid, run_dir / "buffer" / LOG_NAME if target == "buffer" else None, f)
     try:
         os.kill(pid, signal.SIGSTOP)
         time.sleep(p.seconds)
@@ -259,6 +285,61 @@ def inject(p: Planned, launcher: Launcher, run_dir: Path, redis: RedisServer | N
         return f"{p.kind} pid {pid}: it exited while stopped"
     f.ended = time.monotonic()
     return f"{p.kind} pid {pid} for {p.seconds:.1f} s"
+
+
+def disk_full(p: Planned, pid: int, grows: Path | None, f: Fault) -> str:
+    """Writes past `grows`' current size (None: past 0 bytes, so no new file gets data) fail for `pid`, as on a full
+    disk (EFBIG: Python ignores SIGXFSZ), for p.seconds / 1.2 (1-2.5 s); then space returns."""
+    try:
+        size = grows.stat().st_size if grows is not None else 0
+        hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)[1]
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (size, hard))
+        time.sleep(p.seconds / 1.2)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (hard, hard))
+    except (ProcessLookupError, OSError) as exc:     # it exited meanwhile (e.g. the failed write ended the run)
+        f.ended = time.monotonic()
+        return f"{p.kind} pid {pid}: it exited while the disk was full ({type(exc).__name__})"
+    f.ended = time.monotonic()
+    return f"{p.kind} pid {pid} for {p.seconds / 1.2:.1f} s"
+
+
+def power_loss(p: Planned, launcher: Launcher, run_dir: Path, ledger: Ledger) -> str:
+    """The whole node stops at once (SIGSTOP of the launcher, then of its services; then SIGKILL of all), and the
+    buffer's log keeps what a power loss may leave past its last fsync: nothing more, a torn prefix of one more
+    frame, or zeros. Every reply the buffer sent followed its fsync, so nothing acknowledged is cut (thread mode,
+    which sees the replies, also cuts back into unsynced commits)."""
+    try:
+        pids = json.loads((run_dir / "processes.json").read_text())
+    except (OSError, ValueError):
+        pids = {}
+    children = [pid for pid in pids.values() if isinstance(pid, int) and is_child(pid, launcher.proc.pid)]
+    f = ledger.fault(p.kind)
+    for pid in [launcher.proc.pid, *children]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    for pid in [launcher.proc.pid, *children]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    launcher.proc.wait()
+    for pid in children:                       # reparented when the launcher died: gone once not running
+        while _running(pid):
+            time.sleep(0.01)
+    log = run_dir / "buffer" / LOG_NAME
+    rng = random.Random(f"{p.at_step}:{p.delay}")
+    frames = scan(log).frames if log.exists() else []
+    choice = rng.choice(("clean", "torn", "zeros")) if frames else "clean"
+    tail = b""
+    if choice == "torn":
+        offset, body = frames[-1]
+        frame = log.read_bytes()[offset:offset + HEADER_BYTES + len(body)]
+        tail = frame[:rng.randrange(1, len(frame))]
+    elif choice == "zeros":
+        tail = b"\0" * rng.randrange(1, 4097)
+    if tail:
+        with log.open("ab") as out:
+            out.write(tail)
+    f.ended = time.monotonic()
+    return f"power_loss: {1 + len(children)} processes killed at once; log tail {choice} (+{len(tail)} bytes)"
 
 
 def main(args: list[str] | None = None) -> int:
@@ -273,6 +354,8 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=["embedded", "redis", "both"], default="embedded")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--faults", type=int, default=3)
+    parser.add_argument("--kinds", default=None,
+                        help="comma-separated fault kinds to draw from (default: every kind the store allows)")
     parser.add_argument("--running-totals", action="store_true", help="print the totals after every seed")
     parser.add_argument("--keep", type=Path, default=None, help="keep each seed's work folder under this folder")
     ns = parser.parse_args(args)
@@ -285,7 +368,8 @@ def main(args: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 work = ns.keep / f"{store}-{seed}" if ns.keep else Path(tmp)
                 work.mkdir(parents=True, exist_ok=True)
-                verdict, events = run_seed(seed, store, work, ns.steps, ns.faults, model=shared)
+                verdict, events = run_seed(seed, store, work, ns.steps, ns.faults, model=shared,
+                                           kinds=tuple(ns.kinds.split(",")) if ns.kinds else None)
             verdicts[store].append(verdict)
             print(f"seed {seed} {store}: {verdict.line()}\n    " + "\n    ".join(events), flush=True)
             if not verdict.ok:
