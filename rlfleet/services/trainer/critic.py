@@ -16,6 +16,7 @@ import torch
 
 from rlfleet.config import CriticConfig
 from rlfleet.protocols import TrainBatch
+from rlfleet.services.trainer.optimizer import adamw
 
 Shard = Callable[[torch.nn.Module], None]
 ClipGrad = Callable[[torch.nn.Module, float], float]
@@ -44,7 +45,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 
 class Critic:
     def __init__(self, cfg: CriticConfig, default_path: str | Path, device: torch.device, shard: Shard,
-                 clip_grad: ClipGrad, betas: tuple[float, float]) -> None:
+                 clip_grad: ClipGrad, betas: tuple[float, float], fused: bool = True) -> None:
         from transformers import AutoModelForTokenClassification
 
         model = AutoModelForTokenClassification.from_pretrained(str(cfg.model_path or default_path), num_labels=1,
@@ -57,7 +58,7 @@ class Critic:
         model.to(device)
         shard(model)
         self.cfg, self.model, self._clip_grad = cfg, model, clip_grad
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=betas)
+        self.optimizer = adamw(model.parameters(), lr=cfg.lr, betas=betas, fused=fused)
 
     def _values(self, batch: TrainBatch) -> torch.Tensor:
         out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)

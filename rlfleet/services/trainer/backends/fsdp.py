@@ -37,6 +37,7 @@ from rlfleet.services.trainer.batch import forward_logprobs
 from rlfleet.services.trainer.critic import Critic
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.lora import apply_lora, is_adapter
+from rlfleet.services.trainer.optimizer import adamw
 from rlfleet.services.trainer.routing_replay import RoutingReplay
 from rlfleet.services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
 from rlfleet.services.trainer.sequence_packing import VARLEN_ATTENTION, packed_forward_logprobs
@@ -125,8 +126,8 @@ class FsdpBackend:
         self.model = self._shard(model)
         if self.loaded_by_shards:
             load_shards(self.model, cfg.model_path, rank, world_size, device)
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr,
-                                           betas=tuple(t.betas), weight_decay=t.weight_decay)
+        self.optimizer = adamw(model.parameters(), lr=t.lr, betas=(t.betas[0], t.betas[1]),
+                               weight_decay=t.weight_decay, fused=cfg.perf.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, t.scheduler, t.steps)
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self.forward: ForwardFn | None = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens,
@@ -144,7 +145,8 @@ class FsdpBackend:
             if not t.teacher.model_path:
                 raise ValueError(f"trainer.algorithm {t.algorithm} needs trainer.teacher.model_path")
             self.teacher = FrozenScorer(t.teacher.model_path, device, self._shard, self._forward)
-        self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, t.betas) \
+        self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, t.betas,
+                             fused=cfg.perf.fused_optimizer) \
             if needs_critic(t) else None
         self._trained_ids: list[str] = []         # sample ids trained on since the last checkpoint (this rank)
 

@@ -29,6 +29,7 @@ from rlfleet.services.trainer.backends.megatron.model import Precision, build_gp
 from rlfleet.services.trainer.backends.megatron.step import MegatronStep, StepModel
 from rlfleet.services.trainer.checkpoint import CheckpointInfo
 from rlfleet.services.trainer.hooks import call_hooks
+from rlfleet.services.trainer.optimizer import adamw
 from rlfleet.services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
 from rlfleet.services.trainer.step import StepContext
 
@@ -118,8 +119,8 @@ class MegatronBackend:
         self.model = model.to(device)
         call_hooks(hooks, "after_model_init", self.model)
         t = cfg.trainer
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=t.lr,
-                                           betas=tuple(t.betas), weight_decay=t.weight_decay)
+        self.optimizer = adamw(self.model.parameters(), lr=t.lr, betas=(t.betas[0], t.betas[1]),
+                               weight_decay=t.weight_decay, fused=cfg.perf.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, t.scheduler, t.steps)
         self.pad_id = int(getattr(hf_config, "pad_token_id", None) or 0)
         self._tied_output = self._tied_weight()
