@@ -9,13 +9,11 @@ import time
 from collections.abc import Iterator
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
-from typing import cast
 
 import pytest
 import torch
 
 from rlfleet.rpc import Server, channel
-from rlfleet.services.rollout.engines.base import Engine
 from rlfleet.services.rollout.weight_updates import WeightUpdater
 from rlfleet.services.weight_sync.board import VersionBoard
 from rlfleet.services.weight_sync.servicer import WeightSyncServicer
@@ -39,8 +37,8 @@ def tensors(version: int) -> list[tuple[str, torch.Tensor]]:
 
 
 class DictEngine:
-    """The engine surface WeightUpdater uses, holding plain tensors. Not a whole Engine (no pause(): WeightUpdater
-    loads it unpaused), so it is cast to one for WeightUpdater."""
+    """Plain tensors behind what WeightUpdater needs of an engine (a WeightLoadTarget). Not Pausable: WeightUpdater
+    loads it unpaused."""
 
     def __init__(self, named: list[tuple[str, torch.Tensor]]) -> None:
         self.held = {n: t.clone() for n, t in named}
@@ -53,6 +51,9 @@ class DictEngine:
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.held.items())
+
+    def tied_aliases(self) -> None:
+        return None
 
 
 def manifest_as(transport: str, version: int) -> weights_pb2.WeightManifest:
@@ -135,7 +136,7 @@ def test_truncated_broadcast_stream_keeps_previous_version() -> None:
         assert proc.exitcode == 3
         engine = DictEngine(tensors(0))
         before = {n: t.clone() for n, t in engine.held.items()}
-        updater = WeightUpdater(cast(Engine, engine), "r0", None, 10.0, receivers=lambda t: receiver.fetch)
+        updater = WeightUpdater(engine, "r0", None, 10.0, receivers=lambda t: receiver.fetch)
         result = updater.apply(manifest_as("broadcast", 1))
         _assert_kept_previous(updater, engine, before, result, "broadcast stream truncated after")
     finally:
@@ -156,7 +157,7 @@ def test_nixl_peer_dying_mid_transfer_keeps_previous_version() -> None:
         assert proc.exitcode == 3
         engine = DictEngine(tensors(0))
         before = {n: t.clone() for n, t in engine.held.items()}
-        updater = WeightUpdater(cast(Engine, engine), "r0", None, 2.0, receivers=lambda t: receiver.fetch)
+        updater = WeightUpdater(engine, "r0", None, 2.0, receivers=lambda t: receiver.fetch)
         result = updater.apply(manifest_as("nixl", 1))
         _assert_kept_previous(updater, engine, before, result, "trainer peer died or stalled mid-transfer")
         receiver.close()
@@ -183,7 +184,7 @@ def test_corrupted_delta_file_keeps_previous_version(tmp_path: Path, encoding: s
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    updater = WeightUpdater(cast(Engine, engine), "r0", None, 5.0, receivers=lambda t: receiver.fetch)
+    updater = WeightUpdater(engine, "r0", None, 5.0, receivers=lambda t: receiver.fetch)
     result = updater.apply(v2)
     assert not result.ok and engine.weight_version == 1 and "checksum mismatch" in result.error, result.error
     assert "file corrupted" in result.error

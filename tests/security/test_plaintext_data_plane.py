@@ -6,14 +6,12 @@ is lost (confidentiality on the wire) is what the config field says."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
 
 import pytest
 import torch
 
 from rlfleet.config import Config, ConfigError, parse_config
 from rlfleet.security.signing import Signer, Verifier, generate_signing_key
-from rlfleet.services.rollout.engines.base import Engine
 from rlfleet.services.rollout.weight_updates import WeightUpdater
 from rlfleet.services.trainer.publisher import plaintext_data_token
 from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, fetch
@@ -59,11 +57,11 @@ def test_a_replica_fetches_with_the_manifest_token_and_checks_the_signature(tmp_
             fetch(wrong, pki.good["rollout"], 10.0, "rollout-0")
 
         engine = DictEngine(tensors(0))
-        blind = WeightUpdater(cast(Engine, engine), "r0", pki.good["rollout"], 10.0,
+        blind = WeightUpdater(engine, "r0", pki.good["rollout"], 10.0,
                               receivers=lambda t: fetch)                                            # no public key
         result = blind.apply(v1)
         assert not result.ok and "plaintext data plane" in result.error and engine.weight_version == 0
-        checked = WeightUpdater(cast(Engine, engine), "r0", pki.good["rollout"], 10.0, receivers=lambda t: fetch,
+        checked = WeightUpdater(engine, "r0", pki.good["rollout"], 10.0, receivers=lambda t: fetch,
                                 verifier=verifier)
         assert checked.apply(v1).ok and engine.weight_version == 1
         forged = sender.stage(2, 2, forged_of(tensors(2)))             # altered bytes on the wire, old signature

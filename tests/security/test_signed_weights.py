@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ import xxhash
 
 from rlfleet.rpc import Server, channel
 from rlfleet.security.signing import HashingTee, SignatureError, Signer, Verifier, sign_manifest, verify_weights
-from rlfleet.services.rollout.engines.base import Engine
 from rlfleet.services.rollout.weight_updates import WeightUpdater
 from rlfleet.services.weight_sync.board import VersionBoard
 from rlfleet.services.weight_sync.servicer import WeightSyncServicer
@@ -41,8 +39,8 @@ def forged_of(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Te
 
 
 class DictEngine:
-    """Plain tensors behind the part of Engine WeightUpdater uses. Not a whole Engine (no pause(): WeightUpdater
-    loads it unpaused), so it is cast to one for WeightUpdater."""
+    """Plain tensors behind what WeightUpdater needs of an engine (a WeightLoadTarget). Not Pausable: WeightUpdater
+    loads it unpaused."""
 
     def __init__(self, named: list[tuple[str, torch.Tensor]]) -> None:
         self.held = {n: t.clone() for n, t in named}
@@ -55,6 +53,9 @@ class DictEngine:
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.held.items())
+
+    def tied_aliases(self) -> None:
+        return None
 
 
 def _xxh(t: torch.Tensor) -> str:
@@ -169,7 +170,7 @@ def test_forged_and_unsigned_versions_are_refused(transport: str, tmp_path: Path
     signer, verifier = keys
     engine = DictEngine(tensors(0))
     with TRANSPORTS[transport](tmp_path, engine) as (stage, fetch):
-        updater = WeightUpdater(cast(Engine, engine), "r0", None, 10.0, receivers=lambda t: fetch, verifier=verifier)
+        updater = WeightUpdater(engine, "r0", None, 10.0, receivers=lambda t: fetch, verifier=verifier)
         v1 = _signed(stage, 1, tensors(1), signer)
         assert updater.apply(v1).ok and engine.weight_version == 1
         held = {n: t.clone() for n, t in engine.held.items()}

@@ -19,6 +19,7 @@ from rlfleet.services.rollout.engines.base import EngineStats
 class EngineDouble:
     name = "double"
     weight_version = 0
+    paused = False
 
     def _missing(self, method: str) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__}.{method} is not part of this test double")
@@ -34,6 +35,9 @@ class EngineDouble:
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         raise self._missing("named_weights")
+
+    def tied_aliases(self) -> None:
+        return None                     # no module to read ties from
 
     def pause(self) -> int:
         raise self._missing("pause")

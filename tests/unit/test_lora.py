@@ -16,6 +16,7 @@ from rlfleet.services.rollout.engines.lora import LoraMerger
 from rlfleet.services.rollout.weight_updates import WeightUpdater
 from rlfleet.services.trainer.lora import LoraLinear, apply_lora, is_adapter, merge_adapters
 from rlfleet.services.weight_sync.transports.manifest import digest_of, tensor_xxh64
+from rlfleet.tied import tied_aliases
 from rlfleet.v1 import weights_pb2
 from tests.support.tiny_model import make_tiny_model
 
@@ -74,14 +75,17 @@ def test_merged_weights_reproduce_the_adapted_model(model_dir: Path) -> None:
 
 
 class FakeEngine:
-    """named_weights / update_weights_from_tensor over a real HF model, like the torch engine. Not a whole Engine
-    (no pause(): WeightUpdater loads it unpaused), so it is cast to one where an Engine is asked for."""
+    """A WeightLoadTarget over a real HF model, like the torch engine. Not Pausable: WeightUpdater loads it
+    unpaused."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model, self.weight_version, self.loads = model, 0, 0
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         return list(self.model.state_dict().items())
+
+    def tied_aliases(self) -> dict[str, str]:
+        return tied_aliases(self.model)
 
     def update_weights_from_tensor(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         params = self.model.state_dict()
@@ -109,7 +113,7 @@ def test_rollout_merges_adapter_versions_onto_the_kept_base(model_dir: Path) -> 
     engine = FakeEngine(_model(model_dir))
     base_q = engine.model.state_dict()["model.layers.0.self_attn.q_proj.weight"].clone()
     sent: dict[int, list] = {}
-    updater = WeightUpdater(cast(Engine, engine), "r0", None, 5.0, receivers=lambda transport: (
+    updater = WeightUpdater(engine, "r0", None, 5.0, receivers=lambda transport: (
         lambda manifest, token, timeout, replica: sent[manifest.version]))
     for version in (1, 2):                                       # two adapter versions: merged onto the base each time
         _randomize_adapters(trainer) if version == 1 else _scale_b(trainer, 2.0)

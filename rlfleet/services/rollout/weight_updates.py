@@ -13,18 +13,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 import torch
 
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import SignatureError, Verifier, verify_weights
-from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.engines.base import Pausable, WeightLoadTarget
+from rlfleet.services.rollout.engines.lora import LoraMerger
 from rlfleet.services.weight_sync.transports.contract import Fetch, Receiver, ReceiverSetup, WeightHolder
 from rlfleet.services.weight_sync.transports.manifest import digest_of
 from rlfleet.services.weight_sync.transports.registry import transport
-from rlfleet.tied import TIED_OPTION, tied_aliases, with_aliases
+from rlfleet.tied import TIED_OPTION, with_aliases
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 
 log = logging.getLogger(__name__)
@@ -42,13 +42,7 @@ class WeightMismatchError(RuntimeError):
     """Received tensors or the engine's holdings do not match the manifest."""
 
 
-def engine_ties(engine: Engine) -> dict[str, str] | None:
-    """The engine's own tied aliases when it can tell (the torch engine holds an nn.Module), else None."""
-    model = getattr(engine, "model", None)
-    return tied_aliases(model) if isinstance(model, torch.nn.Module) else None
-
-
-def held_digest(engine: Engine, names: list[str]) -> str:
+def held_digest(engine: WeightHolder, names: list[str]) -> str:
     held = dict(engine.named_weights())
     missing = [n for n in names if n not in held]
     if missing:
@@ -61,7 +55,7 @@ KEEP_EPOCHS = 64          # versions whose epoch a replica remembers (far more t
 
 
 class WeightUpdater:
-    def __init__(self, engine: Engine, replica_id: str, token: Credential, timeout: float,
+    def __init__(self, engine: WeightLoadTarget, replica_id: str, token: Credential, timeout: float,
                  receivers: Receivers = default_receivers,
                  ack: Callable[[weights_pb2.UpdateResult], None] | None = None, pause_mode: str = "in_place",
                  verifier: Verifier | None = None) -> None:
@@ -81,6 +75,7 @@ class WeightUpdater:
         self._epochs: dict[int, int] = {}      # recently applied version -> the epoch it was applied under
         self.failures = 0
         self.listeners: list[Callable[[], None]] = []   # told after each applied version (the work loop's Claim)
+        self._lora: LoraMerger | None = None              # made by the first adapter-only version
 
     def epoch_of(self, version: int) -> int:
         """The trainer epoch under which `version` was last applied (0: the initial weights, or a version applied
@@ -148,12 +143,11 @@ class WeightUpdater:
         if self._verifier is not None:           # every transport: signature, then BLAKE3 of every tensor
             verify_weights(manifest, tensors, self._verifier)
         if manifest.adapter_only:  # LoRA: merge W_base + alpha/r * B @ A (rlfleet/services/rollout/engines/lora.py)
-            from rlfleet.services.rollout.engines.lora import LoraMerger
-            merger = self.__dict__.setdefault("_lora", LoraMerger(self.engine))
+            merger = self._lora = self._lora or LoraMerger(self.engine)
             self._load(merger.merged(tensors, manifest.options), manifest.version)
             self.digest = merger.record(tensors)
             return sum(int(t.numel() * t.element_size()) for _, t in tensors)
-        self._load(with_aliases(tensors, manifest.options.get(TIED_OPTION, ""), engine_ties(self.engine)),
+        self._load(with_aliases(tensors, manifest.options.get(TIED_OPTION, ""), self.engine.tied_aliases()),
                    manifest.version)
         digest = held_digest(self.engine, names)
         if digest != manifest.digest:
@@ -165,20 +159,20 @@ class WeightUpdater:
 
     def _load(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Pause (briefly), load, resume. retract: abort in-flight requests first (the work loop re-queues them)."""
-        pause = getattr(self.engine, "pause", None)
-        if pause is None:
-            self.engine.update_weights_from_tensor(tensors, version)
+        engine = self.engine
+        if not isinstance(engine, Pausable):
+            engine.update_weights_from_tensor(tensors, version)
             return
-        was_paused = bool(getattr(self.engine, "paused", False))
-        in_flight = pause()
+        was_paused = engine.paused
+        in_flight = engine.pause()
         try:
             if self.pause_mode == "retract" and in_flight:
-                aborted = self.engine.abort_in_flight()
+                aborted = engine.abort_in_flight()
                 log.info("retracted %d in-flight requests for weight version %d", aborted, version)
-            self.engine.update_weights_from_tensor(tensors, version)
+            engine.update_weights_from_tensor(tensors, version)
         finally:
             if not was_paused:
-                self.engine.resume()
+                engine.resume()
 
 
 class TransportReceivers:
@@ -224,7 +218,7 @@ def subscribe_loop(channel: grpc.Channel, updater: WeightUpdater, stop: threadin
     """Follow WeightSync.Subscribe; apply each manifest newer than what the engine serves. Reconnects forever."""
     stub = weight_sync_pb2_grpc.WeightSyncStub(channel)
     backoff = 0.5
-    current: list[Any] = [None]
+    current: list[grpc.Future | None] = [None]        # the live Subscribe call (a Future and an iterator)
 
     def cancel_on_stop() -> None:
         stop.wait()

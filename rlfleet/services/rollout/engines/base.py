@@ -48,6 +48,38 @@ class EngineStats:
     finished: int             # requests resolved since start
 
 
+class WeightLoadTarget(Protocol):
+    """What loading a weight version needs of an engine (rollout/weight_updates.py, engines/lora.py): the version it
+    serves, the tensors it holds, its own tied aliases, and the swap. Every Engine is one."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+
+    def update_weights_from_tensor(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+    def tied_aliases(self) -> dict[str, str] | None:
+        """alias -> source for the tensors it holds under two names (rlfleet/tied.py), or None when it cannot tell
+        (a server engine: taken to tie what the trainer ties)."""
+        ...
+
+
+@runtime_checkable
+class Pausable(Protocol):
+    """An engine that can hold decoding while weights load (both real engines). A weight target that is not one (a
+    test double, a bench's dict of tensors) is loaded unpaused."""
+
+    @property
+    def paused(self) -> bool: ...
+
+    def pause(self) -> int: ...
+
+    def resume(self) -> None: ...
+
+    def abort_in_flight(self) -> int: ...
+
+
 @runtime_checkable
 class Engine(Protocol):
     """One inference engine replica. Thread-safe: submit and the weight calls may come from any thread."""
@@ -71,9 +103,14 @@ class Engine(Protocol):
         """What the engine holds now, by parameter name (state-dict names)."""
         ...
 
+    def tied_aliases(self) -> dict[str, str] | None: ...
+
     def pause(self) -> int:
         """Stop scheduling decode steps after the current one; returns the number of in-flight requests."""
         ...
+
+    @property
+    def paused(self) -> bool: ...
 
     def resume(self) -> None: ...
 

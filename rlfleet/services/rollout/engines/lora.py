@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from rlfleet.services.rollout.engines.base import Engine, EngineError
+from rlfleet.services.rollout.engines.base import EngineError, WeightLoadTarget
 from rlfleet.services.weight_sync.transports.manifest import digest_of
 
 
@@ -48,7 +48,7 @@ def pair_adapters(named: list[tuple[str, torch.Tensor]]) -> dict[str, tuple[torc
 class LoraMerger:
     """Merges adapter versions into one engine's weights, keeping the base copies."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: WeightLoadTarget) -> None:
         self.engine = engine
         self.base: dict[str, torch.Tensor] = {}          # weight name -> original base weight (CPU copy)
         self.adapters: list[tuple[str, torch.Tensor]] = []

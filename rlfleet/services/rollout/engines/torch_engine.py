@@ -31,6 +31,7 @@ from rlfleet.services.rollout.engines.fast_decode import FastDecoder, supports
 from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
 from rlfleet.services.rollout.engines.sampling import RowSampling, choose_tokens
 from rlfleet.services.rollout.engines.weights import check_update, load_safetensors_folder
+from rlfleet.tied import tied_aliases as module_ties
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,9 @@ class TorchEngine:
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         return list(self.model.state_dict().items())
+
+    def tied_aliases(self) -> dict[str, str]:
+        return module_ties(self.model)
 
     def pause(self) -> int:
         with self._cv:

@@ -263,6 +263,10 @@ class SGLangEngine:
             log.info("destroy_weights_update_group: %s", exc)
         self._group_name = f"rlfleet-{uuid.uuid4().hex[:8]}"
 
+    def tied_aliases(self) -> None:
+        """The server's module is out of reach: it loaded the same HF config as the trainer, so it ties the same."""
+        return None
+
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """What the server serves now, by HF name: read back (verify "read_back"), or as last sent ("sent")."""
         if self.verify == "read_back":
