@@ -13,6 +13,7 @@ import torch
 from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.entropy import record_entropy
+from rlfleet.services.trainer.logits_window import logits_window
 from rlfleet.services.trainer.routing_replay import ROUTES_KEY, RoutingReplay, routes_tensor
 from rlfleet.services.trainer.token_versions import TOKEN_VERSIONS, token_versions_tensor
 from rlfleet.v1 import buffer_pb2
@@ -121,26 +122,37 @@ def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
     return batch
 
 
-def pick_response_logits(logits: torch.Tensor, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(target positions [S, T], the logits that predict them [S, T, V']) for logits [S, L, V'] (V' may be a
-    tensor-parallel slice of the vocabulary). The logit at position i predicts token i + 1; L >= 2."""
-    seq_len, t = logits.shape[1], batch.response_mask.shape[1]
+def pick_response_logits(logits: torch.Tensor, batch: TrainBatch, first: int = 0
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target positions [S, T], the logits that predict them [S, T, V']) for logits [S, L - first, V'] of
+    positions first.. (V' may be a tensor-parallel slice of the vocabulary). The logit at position i predicts token
+    i + 1; L >= 2."""
+    seq_len, t = first + logits.shape[1], batch.response_mask.shape[1]
     offsets = torch.arange(t, device=logits.device)                                        # [T]
     target_pos = (batch.response_start[:, None] + offsets[None, :]).clamp(1, seq_len - 1)  # [S, T]
-    pred_pos = target_pos - 1                                                              # [S, T]
+    pred_pos = (target_pos - 1 - first).clamp(min=0)                                       # [S, T]
     return target_pos, torch.gather(logits, 1, pred_pos[:, :, None].expand(-1, -1, logits.shape[2]))
 
 
-def response_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: float) -> torch.Tensor:
+def first_read_position(batch: TrainBatch) -> int:
+    """The earliest position whose logits response_logprobs reads: the shortest prompt's last token."""
+    if batch.response_mask.shape[1] == 0 or batch.response_start.numel() == 0:
+        return 0
+    return max(int(batch.response_start.min()) - 1, 0)
+
+
+def response_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: float, first: int = 0) -> torch.Tensor:
     """Logprob of each response token under logits / temperature (temperature 0 means 1). -> [S, T] float32.
 
-    logits: [S, L, V]; the logit at position i predicts token i + 1. Masked positions hold a finite dummy value.
+    logits: [S, L - first, V], of positions first..L-1; the logit at position i predicts token i + 1. Masked
+    positions hold a finite dummy value.
     """
     s, seq_len, _ = logits.shape
+    seq_len += first
     t = batch.response_mask.shape[1]
     if t == 0 or s == 0 or seq_len < 2:
         return logits.new_zeros((s, t), dtype=torch.float32) + 0.0 * logits.sum()
-    target_pos, picked = pick_response_logits(logits, batch)                           # [S, T], [S, T, V]
+    target_pos, picked = pick_response_logits(logits, batch, first)                    # [S, T], [S, T, V]
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(picked.float() / scale, dim=-1)                          # [S, T, V]
     record_entropy(batch, logp)                                                        # extras["entropy"] [S, T]
@@ -154,6 +166,7 @@ def forward_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: flo
 
     replay: the model's RoutingReplay; its MoE layers then use the batch's recorded routes (extras[ROUTES_KEY]).
     """
+    first, keep = logits_window(model, batch.input_ids.shape[1], first_read_position(batch))
     with replay.replaying(batch.extras.get(ROUTES_KEY)) if replay is not None else nullcontext():
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    return response_logprobs(out.logits, batch, temperature)
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **keep)
+    return response_logprobs(out.logits, batch, temperature, first)                      # logits [S, L - first, V]

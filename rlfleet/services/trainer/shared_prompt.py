@@ -26,6 +26,7 @@ import torch
 from rlfleet.protocols import TrainBatch
 from rlfleet.services.trainer.batch import select_rows
 from rlfleet.services.trainer.entropy import record_entropy
+from rlfleet.services.trainer.logits_window import logits_window
 from rlfleet.services.trainer.step import ForwardFn
 
 log = logging.getLogger(__name__)
@@ -146,9 +147,10 @@ def attention_mask_for(model: torch.nn.Module, allowed: torch.Tensor, dtype: tor
     return blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def shared_response_logprobs(logits: torch.Tensor, layout: SharedLayout, batch: TrainBatch, temperature: float
-                             ) -> torch.Tensor:
-    """logits [R, L, V] of the layout -> logprobs [S, T] of each row's response tokens (float32).
+def shared_response_logprobs(logits: torch.Tensor, layout: SharedLayout, batch: TrainBatch, temperature: float,
+                             first: int = 0) -> torch.Tensor:
+    """logits [R, L - first, V] of the layout's positions first.. -> logprobs [S, T] of each row's response tokens
+    (float32).
 
     Response token j of sample s sits at offset[s] + j; it is predicted by the prompt's last token (j = 0) or by the
     response token before it. Positions past a sample's response read a finite dummy inside its row."""
@@ -157,10 +159,10 @@ def shared_response_logprobs(logits: torch.Tensor, layout: SharedLayout, batch: 
     resp_len = (lengths - batch.response_start).clamp(min=1)                                   # [S]
     j = torch.arange(t, device=logits.device)[None, :].expand(s, t)                            # [S, T]
     j = torch.minimum(j, resp_len[:, None] - 1)                                                # stay in the sample
-    target = (layout.offset[:, None] + j).clamp(max=logits.shape[1] - 1)                      # [S, T]
+    target = (layout.offset[:, None] + j).clamp(max=first + logits.shape[1] - 1)              # [S, T]
     pred = torch.where(j == 0, layout.prompt_last[:, None], target - 1)                        # [S, T]
     rows = layout.row[:, None].expand(s, t)                                                    # [S, T]
-    picked = logits[rows, pred]                                                                # [S, T, V]
+    picked = logits[rows, (pred - first).clamp(min=0)]                                         # [S, T, V]
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(picked.float() / scale, dim=-1)                                   # [S, T, V]
     record_entropy(batch, logp)                                                                # extras["entropy"]
@@ -173,8 +175,11 @@ def shared_forward_logprobs(model: torch.nn.Module, batch: TrainBatch, temperatu
     """Run the causal LM on the shared layout of `rows`; response-token logprobs [S, T]."""
     layout = lay_out(batch, rows, pad_id)
     mask = attention_mask_for(model, shared_mask(layout.segment), compute_dtype)
-    out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False)
-    return shared_response_logprobs(out.logits, layout, batch, temperature)
+    read_from = int(layout.prompt_last.min()) if layout.prompt_last.numel() else 0
+    first, keep = logits_window(model, layout.input_ids.shape[1], read_from)
+    out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False,
+                **keep)
+    return shared_response_logprobs(out.logits, layout, batch, temperature, first)   # logits [R, L - first, V]
 
 
 class SharedPromptForward:
