@@ -3,8 +3,6 @@ and the response logprobs and their gradients equal those read from the full for
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -69,10 +67,12 @@ def test_windowed_logprobs_and_gradients_equal_the_full_forwards(model: torch.nn
     mask = batch.response_mask.bool()
     params = [p for p in model.parameters() if p.requires_grad]
 
+    rows = plan(batch, 256)
+    assert rows is not None                                       # the shared layout saves tokens on this batch
     want = reference_logprobs(model, batch)
     want_grads = torch.autograd.grad(want[mask].sum(), params)
     for name, got in (("padded", forward_logprobs(model, batch, TEMPERATURE)),
-                      ("shared", shared_forward_logprobs(model, batch, TEMPERATURE, plan(batch, 256), 0,
+                      ("shared", shared_forward_logprobs(model, batch, TEMPERATURE, rows, 0,
                                                          torch.float32))):
         assert torch.allclose(got[mask], want[mask], atol=1e-5, rtol=0), (name, (got - want)[mask].abs().max())
         grads = torch.autograd.grad(got[mask].sum(), params)
