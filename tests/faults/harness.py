@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import signal
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from rlfleet.services.buffer.stores import Store
 from rlfleet.services.buffer.stores.embedded import LOG_NAME, decode_commit
 from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
+from tests.faults.disk_full import fill_disk_for
 from tests.faults.ledger import Fault, Ledger, Verdict, check
 from tests.integration.test_buffer_contract import make_sample
 from tests.integration.test_buffer_service import TOKEN, BufferProcess
@@ -130,12 +130,7 @@ class Cluster:
         return f"cut {len(data) - cut} of {len(data)} bytes{' (zero-filled)' if tail else ''}"
 
     def disk_full(self, seconds: float) -> None:
-        pid = self.pid
-        size = (self.run_dir / "buffer" / LOG_NAME).stat().st_size
-        hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)[1]
-        resource.prlimit(pid, resource.RLIMIT_FSIZE, (size, hard))
-        time.sleep(seconds)
-        resource.prlimit(pid, resource.RLIMIT_FSIZE, (hard, hard))
+        fill_disk_for(self.pid, (self.run_dir / "buffer" / LOG_NAME).stat().st_size, seconds)
 
     def stats(self) -> buffer_pb2.BufferStats:
         return retry(lambda: self.buffer.stub().Stats(buffer_pb2.StatsRequest(), timeout=5), threading.Event())
