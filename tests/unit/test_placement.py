@@ -24,7 +24,12 @@ def test_two_cpus_split_when_rollout_and_training_overlap() -> None:
 
 def test_two_cpus_shared_when_they_take_turns() -> None:
     got = plan([0, 1], trainer_ranks=1, replicas=1, overlap=False)
-    assert got["trainer-0"] == got["rollout-0"] == Placement((0, 1), 1)     # anywhere, never oversubscribed
+    assert got["trainer-0"] == got["rollout-0"] == Placement((0, 1), 2)     # each side has both CPUs in its turn
+    got = plan([0, 1, 2, 3], trainer_ranks=2, replicas=4, overlap=False)
+    assert got["trainer-0"] == got["trainer-1"] == Placement((0, 1, 2, 3), 2)   # ranks compute together: share
+    assert all(got[f"rollout-{i}"] == Placement((0, 1, 2, 3), 1) for i in range(4))
+    pinned = plan([0, 1], trainer_ranks=1, replicas=1, overlap=False, cfg=PlacementConfig(rollout={"cores": 1}))
+    assert pinned["rollout-0"] == Placement((1,), 1)        # cores asked: pinned to its block, as when overlapping
 
 
 def test_trainer_ranks_get_a_block_each() -> None:
@@ -42,7 +47,7 @@ def test_sixty_four_cpus() -> None:
     assert got["rollout-0"] == Placement(tuple(range(32, 63)), 31)
     assert got["buffer"] == got["weight_sync"] == Placement((63,), 1)
     sync = plan(list(range(64)), trainer_ranks=1, replicas=1, overlap=False)
-    assert sync["trainer-0"] == Placement(tuple(range(63)), 32) and sync["rollout-0"] == Placement(tuple(range(63)), 31)
+    assert sync["trainer-0"] == sync["rollout-0"] == Placement(tuple(range(63)), 63)
     got = plan(list(range(64)), trainer_ranks=4, replicas=2, overlap=True)
     assert [got[f"trainer-{r}"].cpus for r in range(4)] == [tuple(range(8 * r, 8 * r + 8)) for r in range(4)]
     assert got["rollout-0"] == Placement(tuple(range(32, 47)), 15)
