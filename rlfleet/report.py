@@ -84,7 +84,7 @@ class Progress:
 def reward_curve(metrics_path: Path, png_path: Path) -> Path | None:
     """Plot reward per step (and held-out pass rate) into png_path."""
     records = read_jsonl(metrics_path)
-    steps = [r for r in records if "reward_mean" in r and "loss" in r]
+    steps = [r for r in surviving_steps(records)[0] if "reward_mean" in r]
     evals = [r for r in records if "eval/pass_rate" in r]
     if not steps:
         return None
@@ -125,16 +125,32 @@ def window_means(steps: list[dict[str, Any]], fraction: float = 0.1) -> dict[str
     return out
 
 
-def summarize(metrics_path: Path, wall_seconds: float, buffer_stats: dict[str, Any] | None) -> dict[str, Any]:
+def surviving_steps(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Step records of the run's surviving lineage, by step: a step trained again after a resume (its first
+    training was lost with the trainer) counts once, as its last record. Returns (records, how many were replaced)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    rows = [r for r in records if "loss" in r]
+    for r in rows:
+        by_step[int(r["step"])] = r
+    return [by_step[k] for k in sorted(by_step)], len(rows) - len(by_step)
+
+
+def summarize(metrics_path: Path, wall_seconds: float, buffer_stats: dict[str, Any] | None,
+              now: float | None = None) -> dict[str, Any]:
+    """wall_seconds: this invocation's (a resumed run's started at its resume); its samples/s counts the samples
+    this invocation trained (step records written since it started, `now` - wall_seconds, by their time)."""
     records = read_jsonl(metrics_path)
-    steps = [r for r in records if "loss" in r]
+    steps, retrained = surviving_steps(records)
     evals = [r for r in records if "eval/pass_rate" in r]
     samples = sum(int(r.get("samples", 0)) for r in steps)
+    start = (time.time() if now is None else now) - wall_seconds
+    here = sum(int(r.get("samples", 0)) for r in records if "loss" in r and float(r.get("time", start)) >= start)
     out: dict[str, Any] = {
         "steps": len(steps),
         "samples_trained": samples,
+        "steps_retrained": retrained,           # trained again after a resume: the first training was lost
         "wall_seconds": round(wall_seconds, 1),
-        "samples_per_s": round(samples / wall_seconds, 2) if wall_seconds > 0 else 0.0,
+        "samples_per_s": round(here / wall_seconds, 2) if wall_seconds > 0 else 0.0,
         "reward_first": steps[0]["reward_mean"] if steps else None,
         "reward_last": steps[-1]["reward_mean"] if steps else None,
         "windows": window_means(steps),          # first vs last 10% of steps
@@ -148,8 +164,10 @@ def summarize(metrics_path: Path, wall_seconds: float, buffer_stats: dict[str, A
 
 
 def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
-    lines = [f"run finished: {summary['steps']} steps, {summary['samples_trained']} samples in "
-             f"{summary['wall_seconds']:.0f}s ({summary['samples_per_s']:.1f} samples/s)"]
+    again = summary.get("steps_retrained") or 0
+    lines = [f"run finished: {summary['steps']} steps, {summary['samples_trained']} samples"
+             + (f" ({again} steps trained again after a resume)" if again else "")
+             + f"; this run {summary['wall_seconds']:.0f}s ({summary['samples_per_s']:.1f} samples/s)"]
     windows = summary.get("windows") or {}
     labels = {"reward_mean": "train reward", "truncation_rate": "truncated", "equal_reward_groups": "equal groups",
               "response_length_mean": "response tokens"}

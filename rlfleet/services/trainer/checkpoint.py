@@ -126,32 +126,68 @@ def save(run_dir: Path, step: int, version: int, model: torch.nn.Module, optimiz
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save(_dcp_state(model, optimizer, aux), checkpoint_id=str(tmp / STATE))
-    for kind, data in _rng_states(device).items():
-        write_bytes_atomic(tmp / f"rng_{kind}_rank{rank:05d}.bin", data)
-    if sample_ids is not None:
-        write_text_atomic(tmp / committed_ids_name(rank), json.dumps(list(sample_ids)))
+    try:
+        dcp.save(_dcp_state(model, optimizer, aux), checkpoint_id=str(tmp / STATE))
+        for kind, data in _rng_states(device).items():
+            write_bytes_atomic(tmp / f"rng_{kind}_rank{rank:05d}.bin", data)
+        if sample_ids is not None:
+            write_text_atomic(tmp / committed_ids_name(rank), json.dumps(list(sample_ids)))
+    except (Exception, CheckpointException) as exc:   # DCP's exception is a BaseException: it escaped every handler
+        raise write_failed(step, tmp, exc, rank == 0) from exc
     dist.barrier()
     if rank == 0:
-        for name, value in json_state.items():
-            write_text_atomic(tmp / f"{name}.json", json.dumps(value, indent=1))
-        for rel, data in files.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(tmp / rel, data)
-        meta = {"step": step, "version": version, "world_size": world, "torch": torch.__version__, **meta_extra}
-        write_text_atomic(tmp / META, json.dumps(meta, indent=1))
-        sums = {str(p.relative_to(tmp)): {"xxh64": _file_hash(p), "bytes": p.stat().st_size} for p in _files(tmp)}
-        write_text_atomic(tmp / CHECKSUMS, json.dumps(sums, indent=1))
-        if final.exists():                      # the same step saved again (e.g. resumed, then asked to save)
-            old = final.with_name(f".old-{final.name}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            shutil.rmtree(old)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-        prune(run_dir, keep)
+        try:
+            _finish(run_dir, tmp, final, step, version, world, keep, json_state, meta_extra, files)
+        except Exception as exc:
+            raise write_failed(step, tmp, exc, True) from exc
     dist.barrier()
     return final
+
+
+def _finish(run_dir: Path, tmp: Path, final: Path, step: int, version: int, world: int, keep: int,
+            json_state: Mapping[str, Any], meta_extra: Mapping[str, Any], files: Mapping[str, bytes]) -> None:
+    """Rank 0, once every rank's files are in tmp: JSON state, files, meta, checksums, then the rename."""
+    for name, value in json_state.items():
+        write_text_atomic(tmp / f"{name}.json", json.dumps(value, indent=1))
+    for rel, data in files.items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(tmp / rel, data)
+    meta = {"step": step, "version": version, "world_size": world, "torch": torch.__version__, **meta_extra}
+    write_text_atomic(tmp / META, json.dumps(meta, indent=1))
+    sums = {str(p.relative_to(tmp)): {"xxh64": _file_hash(p), "bytes": p.stat().st_size} for p in _files(tmp)}
+    write_text_atomic(tmp / CHECKSUMS, json.dumps(sums, indent=1))
+    if final.exists():                      # the same step saved again (e.g. resumed, then asked to save)
+        old = final.with_name(f".old-{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        shutil.rmtree(old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    prune(run_dir, keep)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """DCP wraps each rank's error (with its traceback) in a CheckpointException: the first rank's own error."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        return next(iter(exc.failures.values()))[0]
+    return exc
+
+
+def write_failed(step: int, tmp: Path, exc: BaseException, remove: bool) -> CheckpointError:
+    """The error for a checkpoint that could not be written (most often a full disk): says why, how much space is
+    left and what is kept; the partial folder is removed first (remove: rank 0), so it does not hold the space."""
+    if remove:
+        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        free = f"{shutil.disk_usage(tmp.parent).free / 2**20:.1f} MiB free on its disk"
+    except OSError as error:
+        free = f"free space unknown: {error}"
+    cause = _root_cause(exc)
+    return CheckpointError(
+        f"checkpoint of step {step} could not be written to {tmp.parent} ({free}): {type(cause).__name__}: "
+        f"{str(cause).strip()}. Nothing acknowledged is lost: the last complete checkpoint stays, and the buffer "
+        "keeps every sample trained since it until a checkpoint is written. Free space, then run again with "
+        "--resume.")
 
 
 def prune(run_dir: Path, keep: int) -> None:
