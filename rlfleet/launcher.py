@@ -176,9 +176,10 @@ class LocalRun:
         print("rlfleet: cores (placement): " + ", ".join(
             f"{name} cpus {','.join(map(str, p.cpus))} x{p.threads} threads" for name, p in self.placement.items()),
             file=sys.stderr)
+        # All at once: the trainer and the replicas each wait for Buffer and WeightSync to answer SERVING before
+        # they use them, so their imports and model loads overlap the buffer's and weight_sync's start.
         self._start("buffer", "rlfleet.services.buffer", [])
         self._start("weight_sync", "rlfleet.services.weight_sync", [])
-        self._wait([cfg.endpoints.buffer, cfg.endpoints.weight_sync], 60)
         host, _, port = cfg.endpoints.rendezvous.rpartition(":")
         for rank in range(cfg.trainer.world_size):
             self._start(f"trainer-{rank}", "rlfleet.services.trainer", [], {
@@ -187,6 +188,7 @@ class LocalRun:
         for i in range(cfg.rollout.replicas):
             self._start(f"rollout-{i}", "rlfleet.services.rollout", ["--replica-index", str(i)])
         self._write_processes()
+        self._wait([cfg.endpoints.buffer, cfg.endpoints.weight_sync], 60)
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
         if cfg.rollout.openai.enabled:                # one entry point: each session to one replica
             self._start("openai-gateway", "rlfleet.services.rollout.openai_api", [])

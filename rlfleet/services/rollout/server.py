@@ -25,8 +25,9 @@ from rlfleet.metrics import RolloutMetrics, serve_metrics
 from rlfleet.plugins import PluginError, load_callable
 from rlfleet.protocols import DataSource, RolloutFn
 from rlfleet.rewards.scorer import Scorer, load_scorer
-from rlfleet.rpc import Server, channel
+from rlfleet.rpc import Server, channel, wait_healthy
 from rlfleet.sample import Sample
+from rlfleet.security.identity import Credential
 from rlfleet.security.signing import weight_verifier
 from rlfleet.service_main import ServiceArgs, listen_address, serve_until
 from rlfleet.service_skeleton import Outcome, ServiceSpec, StartError
@@ -51,6 +52,8 @@ from rlfleet.services.rollout.work_loop import WorkLoop, WorkSettings
 from rlfleet.v1 import rollout_pb2_grpc, weight_sync_pb2_grpc
 
 log = logging.getLogger("rlfleet.services.rollout")
+
+PEER_STARTUP_WAIT = 120.0     # seconds to wait for Buffer and WeightSync to report healthy at start (as the trainer)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,18 @@ def _wait_for_model(path: Path, seconds: float = 300.0) -> None:
         time.sleep(1.0)
 
 
+def _wait_for_peers(cfg: Config, token: Credential, engine: Engine) -> None:
+    """Buffer and WeightSync answer SERVING before the replica claims or subscribes: the launcher starts all the
+    services at once, and a first Claim refused by a buffer still starting would back off for seconds."""
+    for name in ("buffer", "weight_sync"):
+        address = getattr(cfg.endpoints, name)
+        try:
+            wait_healthy(address, timeout=PEER_STARTUP_WAIT, token=token)
+        except TimeoutError as exc:
+            engine.shutdown()
+            raise StartError(f"{name} at {address} is not reachable: {exc}") from None
+
+
 class RolloutReplica:
     """The running replica (a rlfleet.service_skeleton.Service): engine, weight subscription, work loop, gRPC server,
     OpenAI endpoint and metrics, started in that order; close() stops them in the order below."""
@@ -100,6 +115,7 @@ class RolloutReplica:
         _wait_for_model(cfg.model_path)
         tokenizer = AutoTokenizer.from_pretrained(str(cfg.model_path))
         self.engine = engine = with_partial_rollouts(make_engine(cfg), cfg.rollout.partial_rollouts)
+        _wait_for_peers(cfg, args.token, engine)
         self.stop = stop = threading.Event()
         registry = CollectorRegistry()
         metrics = RolloutMetrics(registry, replica_id)
