@@ -12,16 +12,18 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
-import torch
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from rlfleet.security.secret_files import read_secret, write_secret
+
+if TYPE_CHECKING:       # imported where tensors are hashed: the launcher loads this module for keys alone
+    import torch
 
 WEIGHTS_CONTEXT = b"rlfleet weights v1\0"
 CHECKPOINT_CONTEXT = b"rlfleet checkpoint v1\0"
@@ -33,6 +35,8 @@ class SignatureError(ValueError):
 
 def tensor_blake3(t: torch.Tensor) -> str:
     """BLAKE3 of a tensor's raw bytes (contiguous, on CPU)."""
+    import torch
+
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -128,7 +132,7 @@ class HashingTee:
             yield name, t
 
 
-class HashedTensors(list[tuple[str, torch.Tensor]]):
+class HashedTensors(list[tuple[str, "torch.Tensor"]]):
     """Received (name, tensor) pairs with the BLAKE3 of each, computed by the receiver from these very bytes while
     they arrived (the bucketed transport hashes a tensor on a helper thread as soon as its bytes are in), so
     verify_weights checks the signed digests without hashing them again."""

@@ -17,8 +17,12 @@ errors.py, auto.py (`transport: auto`).
 
 from __future__ import annotations
 
-from rlfleet.services.weight_sync.transports.contract import Fetch
+from typing import TYPE_CHECKING
+
 from rlfleet.services.weight_sync.transports.errors import WeightTransferError
+
+if TYPE_CHECKING:       # contract.py imports torch: the weight_sync service, which imports manifest.py, does not
+    from rlfleet.services.weight_sync.transports.contract import Fetch
 
 
 def get_receiver(name: str) -> Fetch:
@@ -33,4 +37,4 @@ def get_receiver(name: str) -> Fetch:
     return fetch
 
 
-__all__ = ["Fetch", "WeightTransferError", "get_receiver"]
+__all__ = ["WeightTransferError", "get_receiver"]
