@@ -7,8 +7,10 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -288,6 +290,16 @@ class LocalRun:
             raise RunError(f"{child.name} stopped ({exit_reason(code)}); last lines of {child.log_path}:\n"
                            f"{child.tail()}")
 
+    def wait_trainers(self, seconds: float) -> None:
+        """Sleep up to `seconds`, less when a trainer process exits meanwhile."""
+        running = [c for c in self.children if c.name.startswith("trainer") and c.returncode is None]
+        if not running:
+            return
+        try:
+            running[0].proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            pass
+
     def trainer_finished(self) -> bool:
         trainers = [c for c in self.children if c.name.startswith("trainer")]
         return all(c.returncode == 0 for c in trainers)
@@ -320,6 +332,7 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
     progress = Progress(resolved.trainer.steps)
     tail = MetricsTail(resolved.run_dir / "metrics" / "trainer.jsonl")
     started = time.monotonic()
+    drawing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-curve")
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -336,18 +349,22 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
             local.reconcile_scale()
             local._check_children()
             progress.update(tail.read())
-            time.sleep(0.5)
+            local.wait_trainers(0.5)             # returns as soon as the trainer exits
         progress.update(tail.read())
         progress.close()
+        # the trainer wrote its last metrics: the curve is drawn while the services stop
+        curve = drawing.submit(reward_curve, resolved.run_dir / "metrics" / "trainer.jsonl",
+                               resolved.run_dir / "reward_curve.png")
         stats = local.buffer_stats()
         local._check_children(trainer_done=True)
     finally:
         local.stop()
+        drawing.shutdown(wait=True)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
     summary = summarize(resolved.run_dir / "metrics" / "trainer.jsonl", time.monotonic() - started, stats)
     summary["replica_restarts"] = dict(local.restarts)
-    reward_curve(resolved.run_dir / "metrics" / "trainer.jsonl", resolved.run_dir / "reward_curve.png")
+    curve.result()
     write_text_atomic(resolved.run_dir / "summary.json", json.dumps(summary, indent=2))
     print(format_summary(summary, resolved.run_dir), file=sys.stderr)
     return RunResult(summary=summary, run_dir=resolved.run_dir)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from rlfleet.atomic import write_bytes_atomic
 from rlfleet.metrics import read_jsonl
 
 
@@ -88,12 +90,10 @@ def reward_curve(metrics_path: Path, png_path: Path) -> Path | None:
     evals = [r for r in records if "eval/pass_rate" in r]
     if not steps:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global backend, safe off the main thread
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig = Figure(figsize=(7, 4), dpi=100)
+    ax = fig.subplots()
     ax.plot([r["step"] + 1 for r in steps], [r["reward_mean"] for r in steps], label="train reward (batch mean)")
     if evals:
         ax.plot([r["step"] for r in evals], [r["eval/pass_rate"] for r in evals], "o-", label="held-out pass rate")
@@ -102,9 +102,10 @@ def reward_curve(metrics_path: Path, png_path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path)
-    plt.close(fig)
+    write_bytes_atomic(png_path, png.getvalue())
     return png_path
 
 
