@@ -232,6 +232,65 @@ def test_replica_claims_generates_puts_and_serves_generate(tmp_path: Path, serve
     assert records and records[-1]["generated_tokens"] >= GROUPS * GROUP_SIZE and "tokens_per_s" in records[-1]
 
 
+def wait_for_line(proc: subprocess.Popen, lines: queue.Queue[str], seen: list[str], text: str,
+                  deadline: float) -> None:
+    """Read the replica's stderr lines (queued by a reader thread) into `seen` until one holds `text`."""
+    while not any(text in line for line in seen):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(seen)
+        try:
+            seen.append(lines.get(timeout=0.5))
+        except queue.Empty:
+            pass
+
+
+def test_replica_started_before_its_peers_waits_for_them(tmp_path: Path) -> None:
+    """`rlfleet run` starts every service at once: a replica whose Buffer and WeightSync are not up yet says it
+    waits for them, then claims and subscribes once they answer SERVING, without a refused first Claim or Subscribe
+    (whose retry would back off for seconds)."""
+    buffer, weights = FakeBuffer(groups=1), FakeWeightSync()
+    buffer_port, ws_port, rollout_addr = free_port(), free_port(), f"127.0.0.1:{free_port()}"
+    model_dir = make_tiny_model(tmp_path / "model", seed=0)
+    proc = start_replica(write_config(tmp_path, model_dir, f"127.0.0.1:{buffer_port}", f"127.0.0.1:{ws_port}",
+                                      rollout_addr))
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    seen: list[str] = []
+    servers_: list[Server] = []
+    try:
+        deadline = time.monotonic() + 120
+        wait_for_line(proc, lines, seen, f"for buffer at 127.0.0.1:{buffer_port}", deadline)
+        assert not buffer.claims and not weights.subscribers
+        for port, add, servicer, name in ((buffer_port, buffer_pb2_grpc.add_BufferServicer_to_server, buffer,
+                                           "rlfleet.v1.Buffer"),
+                                          (ws_port, weight_sync_pb2_grpc.add_WeightSyncServicer_to_server, weights,
+                                           "rlfleet.v1.WeightSync")):
+            server = Server(f"127.0.0.1:{port}", TOKEN)
+            server.add(add, servicer, name)
+            server.start()
+            servers_.append(server)
+        while len(buffer.samples) < GROUP_SIZE:
+            assert proc.poll() is None and time.monotonic() < deadline, "no samples after the peers came up"
+            time.sleep(0.1)
+        buffer.finish.set()
+        wait_for_line(proc, lines, seen, "serving Generate and weight updates until SIGTERM", deadline)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for server in servers_:
+            server.stop(0)
+    reader.join(timeout=10)
+    while not lines.empty():
+        seen.append(lines.get())
+    err = "".join(seen)
+    assert "Buffer.Claim:" not in err and "WeightSync.Subscribe:" not in err, err
+    assert weights.subscribers and weights.subscribers[0] == ("rep-a", 0)
+
+
 def test_plugin_import_failure_exits_2_naming_the_plugin(tmp_path: Path) -> None:
     config = write_config(tmp_path, tmp_path / "no-model", "127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:2",
                           reward_fn="no_such_module.rewards:score")

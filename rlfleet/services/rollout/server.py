@@ -89,7 +89,11 @@ def _wait_for_peers(cfg: Config, token: Credential, engine: Engine) -> None:
     for name in ("buffer", "weight_sync"):
         address = getattr(cfg.endpoints, name)
         try:
-            wait_healthy(address, timeout=PEER_STARTUP_WAIT, token=token)
+            try:
+                wait_healthy(address, timeout=0.5, token=token)
+            except TimeoutError:
+                log.info("waiting up to %.0fs for %s at %s to answer SERVING", PEER_STARTUP_WAIT, name, address)
+                wait_healthy(address, timeout=PEER_STARTUP_WAIT, token=token)
         except TimeoutError as exc:
             engine.shutdown()
             raise StartError(f"{name} at {address} is not reachable: {exc}") from None
