@@ -60,7 +60,7 @@ def exact_match(model, tok, rows: list[tuple[list[int], int]]) -> float:
     """Share of rows whose answer and eos tokens are each the argmax given the tokens before them, i.e. that greedy
     decoding answers exactly (one batched forward instead of a generate per row)."""
     input_ids, labels = _batch(tok, rows)
-    logits = model(input_ids=input_ids, attention_mask=(input_ids != tok.pad_token_id).long()).logits  # [B, L, V]
+    logits = model(input_ids=input_ids, use_cache=False).logits         # [B, L, V]; no mask: see supervised()
     predicted = logits[:, :-1].argmax(-1)                               # [B, L-1]: the token after each position
     wanted = labels[:, 1:]                                              # [B, L-1]
     right = (predicted == wanted) | (wanted == -100)
@@ -83,7 +83,10 @@ def supervised(model, tok, steps: int, seed: int, batch: int = SFT_BATCH, lr: fl
         if len(encoded) < (step + 1) * batch:
             encoded += _encode(tok, [data[i] for i in range(len(encoded), min(len(encoded) + chunk, steps * batch))])
         input_ids, labels = _batch(tok, encoded[step * batch: (step + 1) * batch])
-        loss = model(input_ids=input_ids, attention_mask=(input_ids != tok.pad_token_id).long(), labels=labels).loss
+        # No attention mask: the padding is on the right, so under the causal mask no real token sees a pad, and pads
+        # carry no label; the loss is the masked one's (equal to 5 digits here) and the step ~25 % faster on 2
+        # threads (SDPA takes its causal kernel instead of materialising a mask). No KV cache either.
+        loss = model(input_ids=input_ids, labels=labels, use_cache=False).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
