@@ -94,5 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def console_main() -> int:
+    """The `rlfleet` command (and `python -m rlfleet.cli`): main, then a quick exit (rlfleet/process_exit.py)."""
+    from rlfleet.process_exit import without_final_collection
+
+    return without_final_collection(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console_main())

@@ -3,7 +3,8 @@
 RANK / WORLD_SIZE, or a pod of ranks: rlfleet/services/trainer/server.py.
 """
 
+from rlfleet.process_exit import without_final_collection
 from rlfleet.service_skeleton import run_service
 from rlfleet.services.trainer.server import SPEC
 
-raise SystemExit(run_service(SPEC))
+raise SystemExit(without_final_collection(run_service(SPEC)))

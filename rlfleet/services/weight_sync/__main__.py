@@ -3,7 +3,8 @@
 Serves rlfleet.v1.WeightSync until SIGTERM/SIGINT, then exits 0 (rlfleet/services/weight_sync/server.py).
 """
 
+from rlfleet.process_exit import without_final_collection
 from rlfleet.service_skeleton import run_service
 from rlfleet.services.weight_sync.server import SPEC
 
-raise SystemExit(run_service(SPEC))
+raise SystemExit(without_final_collection(run_service(SPEC)))
