@@ -253,8 +253,14 @@ def test_replica_started_before_its_peers_waits_for_them(tmp_path: Path) -> None
     proc = start_replica(write_config(tmp_path, model_dir, f"127.0.0.1:{buffer_port}", f"127.0.0.1:{ws_port}",
                                       rollout_addr))
     lines: queue.Queue[str] = queue.Queue()
-    assert proc.stderr is not None
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)  # type: ignore[union-attr]
+    stderr = proc.stderr
+    assert stderr is not None
+
+    def read_lines() -> None:
+        for line in stderr:
+            lines.put(line)
+
+    reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
     seen: list[str] = []
     servers_: list[Server] = []
