@@ -17,6 +17,11 @@ from pathlib import Path
 SFT_LR = 1e-3
 HIDDEN = 256
 LAYERS = 2
+# This model jumps faster than the built-in one: checked every 20 steps it passed the target between steps 600 and
+# 620 and landed at 0.543 held-out, where 20 RL steps gained only +5.7 points (the test's margin is +5). Checked
+# every 5 steps, on a smaller probe to keep the checks' cost (~6 s) down, it stops nearer the target.
+CHECK_EVERY = 5
+PROBE = 128
 
 
 def prepare_sglang_warm_start(model_dir: Path, seed: int = 0, lr: float = SFT_LR, hidden: int = HIDDEN,
@@ -33,7 +38,8 @@ def prepare_sglang_warm_start(model_dir: Path, seed: int = 0, lr: float = SFT_LR
 
     path = Path(model_dir)
     marker = path / "warm_start.json"
-    recipe = {"target": SFT_TARGET, "seed": seed, "lr": lr, "hidden": hidden, "heads": hidden // 64, "layers": layers}
+    recipe = {"target": SFT_TARGET, "check_every": CHECK_EVERY, "probe": PROBE, "seed": seed, "lr": lr,
+              "hidden": hidden, "heads": hidden // 64, "layers": layers}
     if marker.exists() and {k: json.loads(marker.read_text()).get(k) for k in recipe} == recipe:
         return path
     tmp = path.with_name(path.name + ".tmp")
@@ -42,7 +48,8 @@ def prepare_sglang_warm_start(model_dir: Path, seed: int = 0, lr: float = SFT_LR
     torch.manual_seed(seed)
     model = LlamaForCausalLM(tiny_llama_config(len(tok), hidden=hidden, layers=layers, heads=hidden // 64,
                                                bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id))
-    steps = supervised(model, tok, SFT_MAX_STEPS, seed, lr=lr, target=SFT_TARGET)
+    steps = supervised(model, tok, SFT_MAX_STEPS, seed, lr=lr, target=SFT_TARGET, check_every=CHECK_EVERY,
+                       probe=PROBE)
     model.save_pretrained(str(tmp), safe_serialization=True)
     (tmp / "warm_start.json").write_text(json.dumps({**recipe, "steps": steps}))
     shutil.rmtree(path, ignore_errors=True)
