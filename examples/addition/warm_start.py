@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
-from examples.addition.data import heldout_prompts, train_prompts
+from examples.addition.data import train_prompts
 from examples.addition.model import build_random_model
 
-SFT_STEPS = 400          # supervised() without a target: the fixed-length recipe (tests/support/sglang_warm.py)
 SFT_BATCH = 64
 SFT_LR = 1e-3
 SFT_TARGET = 0.30        # stop once this share of the probe is answered exactly (teacher-forced greedy)
@@ -97,34 +97,32 @@ def supervised(model, tok, steps: int, seed: int, batch: int = SFT_BATCH, lr: fl
     return step
 
 
-@torch.no_grad()
-def greedy_accuracy(model, tok, n: int = 200, seed: int = 0) -> float:
-    data = heldout_prompts(seed=seed)
-    correct = 0
-    for i in range(min(n, len(data))):
-        p = data[i]
-        ids = torch.tensor([tok.encode(p.text)])
-        out = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)
-        text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        correct += text.strip() == p.label
-    return correct / min(n, len(data))
+def build_cached(model_dir: Path, recipe: dict, build: Callable[[Path], int]) -> Path:
+    """model_dir built once per recipe: `build(tmp)` fills a temporary folder and returns the supervised steps it
+    took; the folder gets a marker (recipe and steps) and is renamed into place. A marker with this recipe: kept."""
+    path = Path(model_dir)
+    marker = path / "warm_start.json"
+    if marker.exists() and json.loads(marker.read_text()).get("recipe") == recipe:
+        return path
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    steps = build(tmp)
+    (tmp / "warm_start.json").write_text(json.dumps({"recipe": recipe, "steps": steps}))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path
 
 
 def prepare(model_dir: str, seed: int = 0) -> None:
     """Build model_dir once: a random tiny llama, then supervised steps up to SFT_TARGET. Cached by a marker file
     that records the recipe and the steps it took."""
-    path = Path(model_dir)
-    marker = path / "warm_start.json"
-    if marker.exists() and json.loads(marker.read_text()).get("recipe") == RECIPE:
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    torch.manual_seed(seed)
-    model = build_random_model(tmp, seed=seed)
-    tok = AutoTokenizer.from_pretrained(str(tmp))
-    steps = supervised(model, tok, SFT_MAX_STEPS, seed, target=SFT_TARGET)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    (tmp / "warm_start.json").write_text(json.dumps({"recipe": RECIPE, "seed": seed, "steps": steps}))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+
+    def build(tmp: Path) -> int:
+        torch.manual_seed(seed)
+        model = build_random_model(tmp, seed=seed)
+        tok = AutoTokenizer.from_pretrained(str(tmp))
+        steps = supervised(model, tok, SFT_MAX_STEPS, seed, target=SFT_TARGET)
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        return steps
+
+    build_cached(Path(model_dir), {**RECIPE, "seed": seed}, build)

@@ -10,8 +10,6 @@ e2e test's RL margin failed from there; see examples/addition/warm_start.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 SFT_LR = 1e-3
@@ -34,24 +32,19 @@ def prepare_sglang_warm_start(model_dir: Path, seed: int = 0, lr: float = SFT_LR
 
     from examples.addition.model import tiny_llama_config
     from examples.addition.tokenizer import save_tokenizer
-    from examples.addition.warm_start import SFT_MAX_STEPS, SFT_TARGET, supervised
+    from examples.addition.warm_start import SFT_MAX_STEPS, SFT_TARGET, build_cached, supervised
 
-    path = Path(model_dir)
-    marker = path / "warm_start.json"
     recipe = {"target": SFT_TARGET, "check_every": CHECK_EVERY, "probe": PROBE, "seed": seed, "lr": lr,
               "hidden": hidden, "heads": hidden // 64, "layers": layers}
-    if marker.exists() and {k: json.loads(marker.read_text()).get(k) for k in recipe} == recipe:
-        return path
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tok = save_tokenizer(tmp)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_llama_config(len(tok), hidden=hidden, layers=layers, heads=hidden // 64,
-                                               bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id))
-    steps = supervised(model, tok, SFT_MAX_STEPS, seed, lr=lr, target=SFT_TARGET, check_every=CHECK_EVERY,
-                       probe=PROBE)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    (tmp / "warm_start.json").write_text(json.dumps({**recipe, "steps": steps}))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
-    return path
+
+    def build(tmp: Path) -> int:
+        tok = save_tokenizer(tmp)
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(tiny_llama_config(len(tok), hidden=hidden, layers=layers, heads=hidden // 64,
+                                                   bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id))
+        steps = supervised(model, tok, SFT_MAX_STEPS, seed, lr=lr, target=SFT_TARGET, check_every=CHECK_EVERY,
+                           probe=PROBE)
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        return steps
+
+    return build_cached(Path(model_dir), recipe, build)
