@@ -294,8 +294,8 @@ def run_raw_redis(url: str, redis_pid: int, size: int, groups: int, a: Args) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups-1k", type=int, default=256, help="groups of 8 samples at 1 KiB, per run")
-    parser.add_argument("--groups-64k", type=int, default=64, help="groups of 8 samples at 64 KiB, per run")
+    parser.add_argument("--groups-1k", type=int, default=256, help="groups of 8 samples at 1 KiB, per run (0: skip)")
+    parser.add_argument("--groups-64k", type=int, default=64, help="groups of 8 samples at 64 KiB, per run (0: skip)")
     parser.add_argument("--serial", type=int, default=30, help="steps sent one at a time (idle latency)")
     parser.add_argument("--rounds", type=int, default=1, help="raw, embedded, redis this many times; medians")
     parser.add_argument("--put-groups", type=int, default=1, help="groups per Put (per XADD pipeline)")
@@ -319,6 +319,8 @@ def main() -> None:
         try:
             for rnd in range(args.rounds):
                 for size, groups in ((1024, args.groups_1k), (64 * 1024, args.groups_64k)):
+                    if groups <= 0:                  # --groups-64k 0: that size is not measured
+                        continue
                     print(f"round {rnd + 1}: {size // 1024} KiB samples, {groups} groups of {GROUP_SIZE} "
                           "(put -> get -> ack):", flush=True)
                     raw, lat, idle, cpu, n = run_raw_redis(server.url, server.proc.pid, size, groups, args)
