@@ -319,7 +319,7 @@ def main() -> None:
         try:
             for rnd in range(args.rounds):
                 for size, groups in ((1024, args.groups_1k), (64 * 1024, args.groups_64k)):
-                    if groups <= 0:                  # --groups-64k 0: that size is not measured
+                    if groups <= 0:                  # --groups-1k 0 or --groups-64k 0: that size is skipped
                         continue
                     print(f"round {rnd + 1}: {size // 1024} KiB samples, {groups} groups of {GROUP_SIZE} "
                           "(put -> get -> ack):", flush=True)
