@@ -182,13 +182,12 @@ def test_fast_decode_matches_the_hf_decode_path(model_dir: Path) -> None:
         plain.shutdown()
 
 
-def test_a_groups_equal_prompts_are_prefilled_once_with_the_same_results(model_dir: Path,
-                                                                          hf: torch.nn.Module) -> None:
-    eng = TorchEngine(model_dir, max_batch_size=16)
-    prefill_rows: list[int] = []
-    hook = eng.model.register_forward_hook(
-        lambda _m, _a, kw, _o: prefill_rows.append(kw["input_ids"].shape[0]) if kw["input_ids"].shape[1] > 1
-        else None, with_kwargs=True)
+@pytest.mark.parametrize("fast_decode", [True, False])    # the packed prefill (fast_prefill.py) and the HF forward
+def test_a_groups_equal_prompts_are_prefilled_once_with_the_same_results(model_dir: Path, hf: torch.nn.Module,
+                                                                          fast_decode: bool) -> None:
+    eng = TorchEngine(model_dir, max_batch_size=16, fast_decode=fast_decode)
+    embedded: list[int] = []                       # token ids the model embeds per call: the prefill's come first
+    hook = eng.model.get_input_embeddings().register_forward_hook(lambda _m, args, _o: embedded.append(args[0].numel()))
     try:
         eng.pause()                                # admit the two groups together
         greedy = [eng.submit(PROMPTS[2], SamplingParams(temperature=0, max_new_tokens=6)) for _ in range(4)]
@@ -209,4 +208,28 @@ def test_a_groups_equal_prompts_are_prefilled_once_with_the_same_results(model_d
     finally:
         hook.remove()
         eng.shutdown()
-    assert prefill_rows[0] == 2                       # 8 requests, 2 distinct prompts: 2 rows prefilled
+    distinct = (PROMPTS[2], PROMPTS[4])               # 8 requests, 2 distinct prompts: the prefill embeds those 2
+    assert sum(map(len, distinct)) <= embedded[0] <= 2 * max(map(len, distinct))   # packed, or padded to one length
+
+
+def test_a_folder_without_a_model_is_refused_by_the_constructor(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="cannot load a causal LM"):     # the load runs on the engine thread
+        TorchEngine(tmp_path)
+
+
+def test_call_runs_on_the_engine_thread_between_steps(engine: TorchEngine) -> None:
+    """Tensor work handed to the engine runs on the thread that loaded the model, paused or not; its result and its
+    errors come back to the caller; after shutdown nothing runs."""
+    import threading
+
+    loader = engine.call(threading.current_thread)
+    assert loader is not threading.current_thread() and loader.name == "torch-engine"
+    engine.pause()
+    assert engine.call(lambda: engine.model.get_input_embeddings().weight.shape[0]) == engine.vocab_size
+    with pytest.raises(ZeroDivisionError):
+        engine.call(lambda: 1 / 0)
+    engine.resume()
+    assert engine.submit(PROMPTS[0], SamplingParams(temperature=0, max_new_tokens=3)).result(timeout=60).output_ids
+    engine.shutdown()
+    with pytest.raises(EngineError, match="shut down"):
+        engine.call(lambda: None)

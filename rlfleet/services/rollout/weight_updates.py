@@ -19,7 +19,7 @@ import torch
 
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import SignatureError, Verifier, verify_weights
-from rlfleet.services.rollout.engines.base import Pausable, WeightLoadTarget
+from rlfleet.services.rollout.engines.base import Pausable, WeightLoadTarget, on_engine_thread
 from rlfleet.services.rollout.engines.lora import LoraMerger
 from rlfleet.services.weight_sync.transports.contract import Fetch, Receiver, ReceiverSetup, WeightHolder
 from rlfleet.services.weight_sync.transports.manifest import digest_of
@@ -144,7 +144,8 @@ class WeightUpdater:
             verify_weights(manifest, tensors, self._verifier)
         if manifest.adapter_only:  # LoRA: merge W_base + alpha/r * B @ A (rlfleet/services/rollout/engines/lora.py)
             merger = self._lora = self._lora or LoraMerger(self.engine)
-            self._load(merger.merged(tensors, manifest.options), manifest.version)
+            merged = on_engine_thread(self.engine, lambda: merger.merged(tensors, manifest.options))
+            self._load(merged, manifest.version)
             self.digest = merger.record(tensors)
             return sum(int(t.numel() * t.element_size()) for _, t in tensors)
         self._load(with_aliases(tensors, manifest.options.get(TIED_OPTION, ""), self.engine.tied_aliases()),

@@ -10,15 +10,17 @@ memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from rlfleet.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
+
+T = TypeVar("T")
 
 
 class EngineError(RuntimeError):
@@ -63,6 +65,19 @@ class WeightLoadTarget(Protocol):
         """alias -> source for the tensors it holds under two names (rlfleet/tied.py), or None when it cannot tell
         (a server engine: taken to tie what the trainer ties)."""
         ...
+
+
+@runtime_checkable
+class TensorThread(Protocol):
+    """An engine whose own thread does all tensor work on its model (the torch engine; see its module doc for why):
+    other threads hand it such work with `call`, which runs fn there between two steps and returns its result."""
+
+    def call(self, fn: Callable[[], T]) -> T: ...
+
+
+def on_engine_thread(engine: object, fn: Callable[[], T]) -> T:
+    """fn() on the engine's tensor thread when it has one (TensorThread), else here."""
+    return engine.call(fn) if isinstance(engine, TensorThread) else fn()
 
 
 @runtime_checkable

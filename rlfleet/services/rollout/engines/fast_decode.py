@@ -1,31 +1,43 @@
 """A lean decode step for Llama-family models (llama, qwen2, mistral without sliding window): the same math as the
-HF modules, without their per-call overhead, writing keys and values into slack-padded cache buffers.
+HF modules in about 18 tensor ops a layer where the modules run ~45, writing keys and values into slack-padded cache
+buffers.
 
-On small models a decode step is Python overhead: ~30 nn.Module calls per layer, kwargs plumbing, a 4-D mask built
-each step, and a torch.cat that copies the whole KV cache of every layer for every new token. Here one function
-walks the layers with functional ops on the model's own parameters (so weight updates are seen at once), and each
-layer's keys/values live in a buffer with room for `SLACK` more columns: appending writes one column in place and
+On small models a decode step is per-op overhead, on larger ones it is matmuls; both shrink here:
+- q/k/v and gate/up are one matmul each (`fused_params.py`: the modules' weights become row views of the fused
+  matrices, so weight updates, digests and the prefill's HF forward see the same memory);
+- rotary embedding of q and k together, in three ops: cos/sin come from a table indexed by position, the attention
+  scale 1/sqrt(Dh) is folded into q's cos/sin, and rotate_half(x)·sin is roll(x)·(±sin);
+- grouped-query attention without repeating keys/values: q is viewed as [B, Hkv, H/Hkv, Dh] against the cache's
+  [B, Hkv, L, Dh], two matmuls and a softmax for the one query per row;
+- RMSNorm as one fused op (fp32; other dtypes keep HF's cast order), the residual adds folded into the output
+  matmuls (addmm).
+Each layer's keys/values live in a buffer with room for `SLACK` more columns: appending writes one column in place and
 the DynamicLayer's keys/values become a view of it, so `kv_cache.merge/select` keep working unchanged (they make
 fresh tensors; the next append re-buffers them).
 
-`supports(model)` says whether a model qualifies (no MoE, full attention, silu MLP, plain RMSNorm). Optional
-`torch.compile` of the per-layer step (`compile=True`; off by default) is kept off-switchable for callers that must
-run uncompiled. Prefill stays the HF forward.
+`supports(model)` says whether a model qualifies (no MoE, full attention, silu MLP, plain RMSNorm, linear
+projections, none tied). Optional `torch.compile` of the per-layer step (`compile=True`; off by default) is kept
+off-switchable for callers that must run uncompiled. Prefill stays the HF forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.cache_utils import DynamicCache
+
+from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
+from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters
+from rlfleet.services.rollout.engines.llama_ops import Rotary, norm, residual_linear
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 SLACK = 64                     # spare cache columns allocated per re-buffering
 
 
-def supports(model: torch.nn.Module) -> bool:
+def supports(model: nn.Module) -> bool:
     cfg = model.config
     if getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
         return False
@@ -35,58 +47,51 @@ def supports(model: torch.nn.Module) -> bool:
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ["full_attention"])):
         return False
     inner = getattr(model, "model", None)
-    return inner is not None and hasattr(inner, "layers") and hasattr(inner, "rotary_emb")
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return False
+    tied = shared_parameters(model)
+    for layer in inner.layers:
+        at, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        projections = [getattr(at, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
+            [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if any(type(m) is not nn.Linear or id(m.weight) in tied for m in projections):
+            return False
+    return True
 
 
 def _layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor,
-           values: torch.Tensor, length: int, w: tuple, heads: int, kv_heads: int, head_dim: int, eps: float,
-           scale: float) -> torch.Tensor:
+           values: torch.Tensor, length: int, p: LayerParams, heads: int, kv_heads: int, head_dim: int,
+           eps: float) -> torch.Tensor:
     """One decoder layer for one new token per row.
 
-    x: [B, 1, D]; cos, sin: [B, 1, Dh]; mask: [B, 1, 1, L+1] additive (0 or -inf); keys, values: [B, Hkv, C, Dh]
-    buffers whose first `length` columns hold the cache (column `length` is written here). Returns x [B, 1, D].
+    x: [B, D]; cos, sin: [B, H+Hkv, Dh] (q's heads scaled by 1/sqrt(Dh), sin signed for roll); mask: [B, 1, 1, L+1]
+    additive (0 or -inf); keys, values: [B, Hkv, C, Dh] buffers whose first `length` columns hold the cache (column
+    `length` is written here). Returns x [B, D].
     """
-    (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, bg, wu, bu, wd, bd) = w
     b = x.shape[0]
-    h = _rms(x, ln1, eps)
-    q = F.linear(h, wq, bq).view(b, 1, heads, head_dim).transpose(1, 2)                # [B, H, 1, Dh]
-    k = F.linear(h, wk, bk).view(b, 1, kv_heads, head_dim).transpose(1, 2)             # [B, Hkv, 1, Dh]
-    v = F.linear(h, wv, bv).view(b, 1, kv_heads, head_dim).transpose(1, 2)             # [B, Hkv, 1, Dh]
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)                                          # [B, 1, 1, Dh]
-    q = q * c + _rotate_half(q) * s
-    k = k * c + _rotate_half(k) * s
-    keys[:, :, length:length + 1] = k
-    values[:, :, length:length + 1] = v
-    kk, vv = keys[:, :, :length + 1], values[:, :, :length + 1]                        # [B, Hkv, L+1, Dh]
-    if kv_heads != heads:
-        rep = heads // kv_heads
-        kk = kk[:, :, None].expand(b, kv_heads, rep, length + 1, head_dim).reshape(b, heads, length + 1, head_dim)
-        vv = vv[:, :, None].expand(b, kv_heads, rep, length + 1, head_dim).reshape(b, heads, length + 1, head_dim)
-    # one query per row: two small matmuls and a softmax beat SDPA's CPU path here (bench/engine_decode.py)
-    scores = torch.matmul(q, kk.transpose(2, 3)) * scale + mask                         # [B, H, 1, L+1]
-    a = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), vv)  # [B, H, 1, Dh]
-    a = F.linear(a.transpose(1, 2).reshape(b, 1, heads * head_dim), wo, bo)
-    x = x + a
-    h = _rms(x, ln2, eps)
-    return x + F.linear(F.silu(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
+    qk_width = (heads + kv_heads) * head_dim
+    qkv = F.linear(norm(x, p.ln1, eps), p.qkv, p.qkv_bias)                          # [B, (H+2Hkv)·Dh]
+    qk = qkv[:, :qk_width].view(b, heads + kv_heads, head_dim)                       # [B, H+Hkv, Dh]
+    qk = torch.addcmul(qk * cos, qk.roll(head_dim // 2, dims=-1), sin)               # rotary (and q's scale)
+    keys[:, :, length] = qk[:, heads:]
+    values[:, :, length] = qkv[:, qk_width:].view(b, kv_heads, head_dim)
+    q = qk[:, :heads].reshape(b, kv_heads, heads // kv_heads, head_dim)             # [B, Hkv, rep, Dh]
+    scores = torch.matmul(q, keys[:, :, :length + 1].transpose(2, 3)).add_(mask)    # [B, Hkv, rep, L+1]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    a = torch.matmul(probs, values[:, :, :length + 1]).view(b, heads * head_dim)    # [B, H·Dh]
+    x = residual_linear(x, a, p.o, p.o_bias)
+    gu = F.linear(norm(x, p.ln2, eps), p.gate_up, p.gate_up_bias)                   # [B, 2F]
+    width = gu.shape[1] // 2
+    return residual_linear(x, F.silu(gu[:, :width]).mul_(gu[:, width:]), p.down, p.down_bias)
 
 
 class FastDecoder:
-    """decode(cache, last [B], pos [B], mask [B, L+1]) -> logits [B, V], with the cache extended by one column."""
+    """decode(cache, last [B], pos [B], mask [B, L+1]) -> logits [B, V], with the cache extended by one column.
 
-    def __init__(self, model: torch.nn.Module, compile: bool = False) -> None:
+    Construction fuses the model's q/k/v and gate/up weights in place (fused_params.py); the model keeps working
+    through its own modules, on the same memory."""
+
+    def __init__(self, model: nn.Module, compile: bool = False) -> None:
         cfg = model.config
         self.model = model
         self.inner = model.model
@@ -94,16 +99,12 @@ class FastDecoder:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
-        self.scale = self.head_dim ** -0.5
+        self.params = fuse_layers(model)
+        weight = self.inner.embed_tokens.weight
+        self.rotary = Rotary(self.inner.rotary_emb, self.heads, self.kv_heads, self.head_dim,
+                              self.head_dim ** -0.5, weight.dtype, weight.device)
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}     # layer -> (keys, values) buffers
         self._layer: Callable[..., torch.Tensor] = torch.compile(_layer, dynamic=True) if compile else _layer
-
-    def _weights(self, layer: torch.nn.Module) -> tuple:
-        at, mlp = layer.self_attn, layer.mlp
-        return (layer.input_layernorm.weight, at.q_proj.weight, at.q_proj.bias, at.k_proj.weight, at.k_proj.bias,
-                at.v_proj.weight, at.v_proj.bias, at.o_proj.weight, at.o_proj.bias,
-                layer.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.gate_proj.bias, mlp.up_proj.weight,
-                mlp.up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias)
 
     def _room(self, i: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Buffers [B, Hkv, C, Dh] with C > L whose first L columns are the layer's cache (copied when the cache is
@@ -122,16 +123,39 @@ class FastDecoder:
         self._buffers[i] = (kb, vb)
         return kb, vb
 
+    def prefill(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor
+                ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Prefill U distinct prompts for N requests (rows [N]: the prompt of each) with fast_prefill's packed step.
+
+        Returns (cache whose layers are views of this decoder's slack buffers [N, Hkv, P + SLACK, Dh], mask [N, P],
+        logits [N, V] of each prompt's last token)."""
+        weight = self.inner.embed_tokens.weight
+        packed = pack(prompts, weight.dtype, weight.device)
+        n, width = rows.shape[0], packed.mask.shape[1]
+        x = self.inner.embed_tokens(packed.ids)                                         # [T, D]
+        cos, sin = self.rotary(packed.pos)                                              # [T, H+Hkv, Dh]
+        cache = DynamicCache(config=self.model.config)
+        for i, (p, cl) in enumerate(zip(self.params, cache.layers, strict=True)):
+            kb = weight.new_empty(n, self.kv_heads, width + SLACK, self.head_dim)
+            vb = torch.empty_like(kb)
+            x = prefill_layer(x, p, packed, cos, sin, kb, vb, rows, self.heads, self.kv_heads, self.head_dim,
+                              self.eps)
+            cl.lazy_initialization(kb, vb)
+            cl.keys, cl.values = kb[:, :, :width], vb[:, :, :width]
+            self._buffers[i] = (kb, vb)
+        x = norm(x.index_select(0, packed.last), self.inner.norm.weight, self.inner.norm.variance_epsilon)  # [U, D]
+        return cache, packed.mask[rows], self.model.lm_head(x)[rows]                    # logits: [N, V]
+
     def decode(self, cache: DynamicCache, last: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.inner.embed_tokens(last.unsqueeze(1))                                  # [B, 1, D]
-        cos, sin = self.inner.rotary_emb(x, pos.unsqueeze(1))                           # [B, 1, Dh]
+        x = self.inner.embed_tokens(last)                                                # [B, D]
+        cos, sin = self.rotary(pos)                                                      # [B, H+Hkv, Dh]
         attn_mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
             mask == 0, float("-inf"))[:, None, None, :]                                 # [B, 1, 1, L+1]
-        for i, (layer, cl) in enumerate(zip(self.inner.layers, cache.layers, strict=True)):
+        for i, (p, cl) in enumerate(zip(self.params, cache.layers, strict=True)):
             length = cl.keys.shape[2]
             kb, vb = self._room(i, cl.keys, cl.values)
-            x = self._layer(x, cos, sin, attn_mask, kb, vb, length, self._weights(layer), self.heads, self.kv_heads,
-                            self.head_dim, self.eps, self.scale)
+            x = self._layer(x, cos, sin, attn_mask, kb, vb, length, p, self.heads, self.kv_heads, self.head_dim,
+                            self.eps)
             cl.keys, cl.values = kb[:, :, :length + 1], vb[:, :, :length + 1]
-        x = _rms(x, self.inner.norm.weight, self.inner.norm.variance_epsilon)
-        return self.model.lm_head(x)[:, -1]                                              # [B, V]
+        x = norm(x, self.inner.norm.weight, self.inner.norm.variance_epsilon)
+        return self.model.lm_head(x)                                                      # [B, V]

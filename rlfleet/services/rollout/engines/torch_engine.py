@@ -3,8 +3,16 @@
 One scheduler thread owns the model. Each iteration it admits waiting requests (up to max_batch_size running
 sequences) with a left-padded prefill whose cache is merged into the running batch, then runs one decode step for
 every running sequence. A request finishes on EOS, one of its stop ids, or max_new_tokens, and its future resolves
-at once while the others keep going. Weight updates take the step lock, so they land between two decode steps and
-in-flight sequences continue under the new weights (each token records the version that produced it).
+at once while the others keep going. Weight updates land between two decode steps, and in-flight sequences continue
+under the new weights (each token records the version that produced it).
+
+The scheduler thread also loads the model and does every other piece of tensor work on it (weight loads, freeing
+rows on abort, `call`): other threads only hand it work. On CPU this is worth ~1.7x at two or more torch threads.
+libgomp keeps one OpenMP team per thread that ever ran a parallel op, and once the teams' threads outnumber the
+CPUs it stops spinning between parallel regions (100 spins instead of ~300k), so every op then pays a futex wake-up:
+a SmolLM2-135M decode step measured 143 ms when the loading thread's team was the process's only one and 230 ms
+when the loading (main) thread kept its team beside the engine's. Callers in the same process should likewise keep
+their torch work off long-lived threads, or hand it to `call`.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +44,7 @@ from rlfleet.tied import tied_aliases as module_ties
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 TokenCallback = Callable[[int, float], None]      # (token id, logprob) of each output token as it is chosen
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -76,20 +86,13 @@ class TorchEngine:
         decode). fast_decode: Llama-family models decode through `fast_decode.FastDecoder` (same math, less
         overhead); compile: torch.compile its layer step (off by default; an uncompiled engine never compiles)."""
         self.on_policy = on_policy
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(
-                str(model_path), dtype=DTYPES[dtype] if dtype else "auto", use_safetensors=True,
-                **load_kwargs(on_policy)).to(device)
-        except (OSError, ValueError) as exc:
-            raise EngineError(f"cannot load a causal LM from {model_path}: {exc}") from exc
-        self.model.eval()
+        self.model: torch.nn.Module
+        self.vocab_size: int
+        self.eos_ids: frozenset[int]
+        self._routes: RouteRecorder | None
+        self._fast: FastDecoder | None
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
-        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
-        self._routes = RouteRecorder.attach(self.model)        # MoE models: record routes for R3, else None
-        self._fast = FastDecoder(self.model, compile=compile) \
-            if fast_decode and not on_policy and self._routes is None and supports(self.model) else None
         self._seeds = torch.Generator().manual_seed(seed)       # seeds requests that bring none
         self._version = weight_version
         self._waiting: deque[_Request] = deque()
@@ -100,12 +103,41 @@ class TorchEngine:
         self._last = torch.zeros(0, dtype=torch.long, device=self.device)      # [B] sampled, not yet in the cache
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
+        self._tasks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()   # work for the engine thread
         self._paused = False
         self._stopped = False
         self._generated = 0
         self._finished = 0
-        self._thread = threading.Thread(target=self._loop, name="torch-engine", daemon=True)
+        loaded: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True,
+                                        args=(loaded, str(model_path), dtype, eos_token_ids,
+                                              fast_decode and not on_policy, compile))
         self._thread.start()
+        loaded.result()                  # the model is loaded (on the engine thread), or its EngineError is raised
+
+    def _load(self, model_path: str, dtype: str | None, eos_token_ids: Iterable[int] | None, fast_decode: bool,
+              compile: bool) -> None:
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=DTYPES[dtype] if dtype else "auto", use_safetensors=True,
+                **load_kwargs(self.on_policy)).to(self.device)
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"cannot load a causal LM from {model_path}: {exc}") from exc
+        self.model.eval()
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
+        self._routes = RouteRecorder.attach(self.model)        # MoE models: record routes for R3, else None
+        self._fast = FastDecoder(self.model, compile=compile) \
+            if fast_decode and self._routes is None and supports(self.model) else None
+
+    def _run(self, loaded: Future[None], *load_args: Any) -> None:
+        try:
+            self._load(*load_args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the constructor, which raises it
+            loaded.set_exception(exc)
+            return
+        loaded.set_result(None)
+        self._loop()
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -139,13 +171,30 @@ class TorchEngine:
             self._cv.notify_all()
         return future
 
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run fn on the engine thread between two steps (paused or not) and return its result or raise its error:
+        for tensor work on the model from another thread (see the module doc for why)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        done: Future[T] = Future()
+        with self._cv:
+            if self._stopped:
+                raise EngineError("engine is shut down")
+            self._tasks.append((fn, done))
+            self._cv.notify_all()
+        return done.result()
+
     def update_weights_from_tensor(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         params = dict(self.model.state_dict())
         check_update(params, named_tensors)          # all-or-nothing: refuse before touching anything
-        with self._step_lock, torch.no_grad():
-            for name, tensor in named_tensors:
-                params[name].copy_(tensor.to(self.device))
+
+        def load() -> None:
+            with torch.no_grad():
+                for name, tensor in named_tensors:
+                    params[name].copy_(tensor.to(self.device))
             self._version = version
+
+        self.call(load)
         log.info("torch engine now serves weight version %d (%d tensors)", version, len(named_tensors))
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
@@ -208,7 +257,8 @@ class TorchEngine:
         """Resolve these requests now with finish_reason 'abort' (over-sampled work no longer needed), freeing their
         batch slots and KV rows; the other requests continue. Returns how many were still in the engine."""
         targets = {id(f) for f in futures}
-        with self._step_lock:
+
+        def drop() -> list[_Request]:
             with self._cv:
                 victims = [r for r in self._waiting if id(r.future) in targets]
                 self._waiting = deque(r for r in self._waiting if id(r.future) not in targets)
@@ -216,6 +266,12 @@ class TorchEngine:
             victims += [r for r in self._running if id(r.future) in targets]
             if len(keep) < len(self._running):
                 self._keep_rows(keep)
+            return victims
+
+        try:
+            victims = self.call(drop)
+        except EngineError:                           # shut down: everything was resolved already
+            return 0
         for req in victims:
             self._resolve(req, "abort")
         return len(victims)
@@ -250,17 +306,31 @@ class TorchEngine:
             self._cv.notify_all()
         self._thread.join(timeout=30)
         self.abort_in_flight()
+        with self._cv:
+            tasks, self._tasks = list(self._tasks), deque()
+        for _, done in tasks:                        # handed in after the loop's last look
+            done.set_exception(EngineError("engine is shut down"))
 
     # ---- scheduler --------------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stopped and (self._paused or not (self._waiting or self._running)):
+                while not self._stopped and not self._tasks and \
+                        (self._paused or not (self._waiting or self._running)):
                     self._cv.wait()
                 if self._stopped:
+                    tasks, self._tasks = list(self._tasks), deque()
+                    for _, done in tasks:
+                        done.set_exception(EngineError("engine is shut down"))
                     return
+                tasks, self._tasks = list(self._tasks), deque()
             with self._step_lock:
+                for fn, done in tasks:
+                    try:
+                        done.set_result(fn())
+                    except BaseException as exc:  # noqa: BLE001 - the caller of `call` gets it
+                        done.set_exception(exc)
                 with self._cv:
                     if self._paused or self._stopped:    # pause() came between the check above and the lock
                         continue
@@ -285,6 +355,11 @@ class TorchEngine:
         unique: dict[tuple[int, ...], int] = {}
         of_row = [unique.setdefault(tuple(r.input_ids), len(unique)) for r in reqs]           # [N] -> unique row
         prompts = list(unique)
+        if self._fast is not None:                   # packed prompts, cache written straight into decode buffers
+            cache, mask, logits = self._fast.prefill(prompts, torch.tensor(of_row, device=self.device))
+            self._admit(reqs, cache, mask)
+            self._accept(logits, first=len(self._running) - len(reqs))
+            return
         length = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), length, dtype=torch.long)               # [U, P] left-padded
         mask = torch.zeros(len(prompts), length, dtype=torch.long)              # [U, P]
@@ -303,16 +378,20 @@ class TorchEngine:
             mask = kv_cache.select(out.cache, mask, idx)                         # [N, P]
             logits = logits[idx]                                                 # [N, V]
             routes = routes[idx.cpu()] if routes is not None else None           # [N, layers, K]
+        self._admit(reqs, out.cache, mask)
+        self._accept(logits, first=len(self._running) - len(reqs), routes=routes)
+
+    def _admit(self, reqs: list[_Request], cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Add prefilled requests (their cache and mask [N, P]) to the running batch, after the running rows."""
         if self._cache is None or not self._running:
-            self._cache, self._mask = out.cache, mask
+            self._cache, self._mask = cache, mask
             self._pos, self._last = mask.sum(1), torch.zeros(len(reqs), dtype=torch.long, device=self.device)
             self._running = list(reqs)
         else:
-            self._cache, self._mask = kv_cache.merge(self._cache, self._mask, out.cache, mask)
+            self._cache, self._mask = kv_cache.merge(self._cache, self._mask, cache, mask)
             self._pos = torch.cat([self._pos, mask.sum(1)])
             self._last = torch.cat([self._last, torch.zeros(len(reqs), dtype=torch.long, device=self.device)])
             self._running = self._running + list(reqs)
-        self._accept(logits, first=len(self._running) - len(reqs), routes=routes)
 
     def _decode(self) -> None:
         b = len(self._running)
@@ -335,7 +414,7 @@ class TorchEngine:
         routes: [R, layers, K] expert ids of the forward that produced these logits (MoE models), else None.
         """
         rows = self._running[first:]
-        tokens, logprobs = choose_tokens(logits, [r.row for r in rows])         # [R], [R]
+        tokens, logprobs = choose_tokens(logits, [r.row for r in rows], exact_logprobs=self.on_policy)   # [R], [R]
         self._last[first:] = tokens
         version = self._version
         done: list[tuple[int, str]] = []
