@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -45,6 +46,8 @@ from rlfleet.tied import tied_aliases as module_ties
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+SETTLE_GAP_S = 0.001          # an idle engine admits once no request came for this long (`_settle`) ...
+SETTLE_MAX_S = 0.01           # ... or this long after it woke
 TokenCallback = Callable[[int, float], None]      # (token id, logprob) of each output token as it is chosen
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -334,6 +337,8 @@ class TorchEngine:
                 with self._cv:
                     if self._paused or self._stopped:    # pause() came between the check above and the lock
                         continue
+                    if self._waiting and not self._running:
+                        self._settle()
                     room = self.max_batch_size - len(self._running)
                     admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
                 try:
@@ -341,6 +346,19 @@ class TorchEngine:
                 except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
                     log.exception("torch engine step failed")
                     self._fail_all(exc, admitted)
+
+    def _settle(self) -> None:
+        """An idle engine about to admit (called with _cv held): wait while submissions keep coming, each within
+        SETTLE_GAP_S of the one before and SETTLE_MAX_S in all, so a burst (a group's samples, a batch) is prefilled
+        as one: one packed prefill instead of several plus merges, and a group's prompt once. A running engine needs
+        none: what arrives during a step is admitted together at the next."""
+        deadline = time.monotonic() + SETTLE_MAX_S
+        seen = len(self._waiting)
+        while seen < self.max_batch_size and not (self._stopped or self._paused or self._tasks):
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._cv.wait(min(SETTLE_GAP_S, left)) or len(self._waiting) == seen:
+                return
+            seen = len(self._waiting)
 
     def _step(self, admitted: list[_Request]) -> None:
         with torch.inference_mode(), batch_invariant(self.on_policy):
