@@ -14,7 +14,7 @@ Faults (seeded kinds, times, durations):
                  commit anything acknowledged depends on (a Put's samples, a delivered batch; Claim replies do not
                  wait for their fsync)
                  or to a random byte offset after it, half the time zero-filling the rest; restart
-  disk_full      (embedded) writes past the log's current size fail (RLIMIT_FSIZE of the live process) for 1-2.5 s
+  disk_full      (embedded) writes past the log's last commit fail (RLIMIT_FSIZE of the live process) for 1-2.5 s
   redis_kill9    (redis) SIGKILL redis-server, restart it on its AOF (appendfsync always)
   redis_stop     (redis) SIGSTOP redis-server for 0.5-2 s
   replica_kill   a replica incarnation dies mid-group; a new one starts (restarted=True)
@@ -52,7 +52,7 @@ from rlfleet.services.buffer.stores import Store
 from rlfleet.services.buffer.stores.embedded import LOG_NAME, decode_commit
 from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
-from tests.faults.disk_full import fill_disk_for
+from tests.faults.disk_full import fill_disk_for, log_end
 from tests.faults.ledger import Fault, Ledger, Verdict, check
 from tests.integration.test_buffer_contract import make_sample
 from tests.integration.test_buffer_service import TOKEN, BufferProcess
@@ -130,7 +130,7 @@ class Cluster:
         return f"cut {len(data) - cut} of {len(data)} bytes{' (zero-filled)' if tail else ''}"
 
     def disk_full(self, seconds: float) -> None:
-        fill_disk_for(self.pid, (self.run_dir / "buffer" / LOG_NAME).stat().st_size, seconds)
+        fill_disk_for(self.pid, log_end(self.run_dir / "buffer" / LOG_NAME), seconds)
 
     def stats(self) -> buffer_pb2.BufferStats:
         return retry(lambda: self.buffer.stub().Stats(buffer_pb2.StatsRequest(), timeout=5), threading.Event())

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from rlfleet.services.buffer.stores.embedded import LOG_NAME
 from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan
-from tests.faults.disk_full import fill_disk_for
+from tests.faults.disk_full import fill_disk_for, log_end
 from tests.faults.evidence import (
     complete_steps,
     embedded_dropped_ids,
@@ -288,10 +288,10 @@ def inject(p: Planned, launcher: Launcher, run_dir: Path, redis: RedisServer | N
 
 
 def disk_full(p: Planned, pid: int, grows: Path | None, f: Fault) -> str:
-    """Writes past `grows`' current size (None: past 0 bytes, so no new file gets data) fail for `pid`, as on a full
-    disk (EFBIG: Python ignores SIGXFSZ), for p.seconds / 1.2 (1-2.5 s); then space returns."""
+    """Writes past the end of the log `grows` (None: past 0 bytes, so no new file gets data) fail for `pid`, as on a
+    full disk (EFBIG: Python ignores SIGXFSZ), for p.seconds / 1.2 (1-2.5 s); then space returns."""
     try:
-        fill_disk_for(pid, grows.stat().st_size if grows is not None else 0, p.seconds / 1.2)
+        fill_disk_for(pid, log_end(grows) if grows is not None else 0, p.seconds / 1.2)
     except (ProcessLookupError, OSError) as exc:     # it exited meanwhile (e.g. the failed write ended the run)
         f.ended = time.monotonic()
         return f"{p.kind} pid {pid}: it exited while the disk was full ({type(exc).__name__})"

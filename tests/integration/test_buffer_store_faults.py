@@ -18,6 +18,7 @@ from rlfleet.rpc import channel
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.stores import Superseded
+from rlfleet.services.buffer.stores.logfile import scan
 from rlfleet.services.buffer.stores.redis_streams import RedisStore
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 from tests.integration.test_buffer_contract import make_sample
@@ -46,9 +47,10 @@ def test_a_full_disk_makes_the_buffer_not_serving_until_space_returns(tmp_path: 
         tickets = stub.Claim(buffer_pb2.ClaimRequest(replica_id="r", max_groups=2), timeout=10).tickets
         stub.Put(buffer_pb2.PutRequest(samples=[make_sample(tickets[0].group_id, 0, 2)]), timeout=10)
         log = tmp_path / "run" / "buffer" / "buffer.log"
-        # the disk fills: the buffer's writes past the log's current size fail (RLIMIT_FSIZE on the live process)
+        # the disk fills: the buffer's writes past the log's last commit fail (RLIMIT_FSIZE on the live process;
+        # the file goes on with zeros the buffer wrote ahead, where the log ends its scan)
         hard = resource.prlimit(proc.proc.pid, resource.RLIMIT_FSIZE)[1]
-        resource.prlimit(proc.proc.pid, resource.RLIMIT_FSIZE, (log.stat().st_size, hard))
+        resource.prlimit(proc.proc.pid, resource.RLIMIT_FSIZE, (scan(log).end, hard))
         with pytest.raises(grpc.RpcError) as err:
             stub.Put(buffer_pb2.PutRequest(samples=[make_sample(tickets[0].group_id, 1, 2)]), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "buffer log" in err.value.details()

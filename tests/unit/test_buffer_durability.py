@@ -20,7 +20,7 @@ from rlfleet.services.buffer.server import build_core
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import StoreError
-from rlfleet.services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
+from rlfleet.services.buffer.stores.embedded import LOG_NAME, PREALLOCATE_BYTES, EmbeddedStore
 from tests.integration.test_buffer_contract import make_sample
 from tests.integration.test_buffer_service import write_config
 from tests.support.redis_server import free_port
@@ -81,7 +81,7 @@ def test_acknowledged_means_fsynced_and_concurrent_puts_share_fsyncs(tmp_path: P
             for t in tickets[k::8]:
                 barrier.wait()
                 samples = [make_sample(t.group_id, i, 2) for i in range(2)]
-                start = (tmp_path / "buffer.log").stat().st_size
+                start = store.log_bytes                 # the file also holds the zeros written ahead of it
                 core.put(samples, 0)
                 # the reply came: this Put's commit (written after `start`, holding both samples) is fsynced
                 mine = sum(len(s.SerializeToString()) for s in samples)
@@ -118,7 +118,8 @@ def _last_commit_bounds(tmp_path: Path) -> tuple[bytes, int, int]:
     run_steps(core, 5)
     (t,) = core.claim("r", 0, 1, 0).tickets
     core.put([make_sample(t.group_id, 0, 2)], 0)
-    start = (tmp_path / LOG_NAME).stat().st_size
+    assert isinstance(core.store, EmbeddedStore)
+    start = core.store.log_bytes                       # (the live file also holds zeros written ahead of the log)
     core.put([make_sample(t.group_id, 1, 2)], 0)       # completes the group: samples + close in one commit
     core.close()
     data = (tmp_path / LOG_NAME).read_bytes()
@@ -148,6 +149,32 @@ def _load_bytes(directory: Path, data: bytes) -> State:
         return store.load()
     finally:
         store.close()
+
+
+def test_the_log_writes_zeros_ahead_and_a_crash_with_them_keeps_every_commit(tmp_path: Path,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """fsync always keeps zeros written past the log's end (so an fsync has no file size to journal): a crash that
+    leaves them (the live file, copied) reloads every commit, and a clean close cuts them off."""
+    core = open_core(tmp_path / "live")
+    run_steps(core, 6)
+    want = fingerprint(core.state)
+    store = core.store
+    assert isinstance(store, EmbeddedStore)
+    data = (tmp_path / "live" / LOG_NAME).read_bytes()
+    assert len(data) >= store.log_bytes + PREALLOCATE_BYTES // 2
+    assert data[store.log_bytes:] == bytes(len(data) - store.log_bytes)
+    with caplog.at_level("WARNING"):
+        assert fingerprint(_load_bytes(tmp_path / "crashed", data)) == want
+    assert "zeros" in caplog.text
+    assert (tmp_path / "crashed" / LOG_NAME).stat().st_size < PREALLOCATE_BYTES // 2   # closed: cut to the log
+    log_bytes = store.log_bytes
+    core.close()
+    assert (tmp_path / "live" / LOG_NAME).stat().st_size == log_bytes
+    assert fingerprint(open_core(tmp_path / "live").state) == want
+    other = EmbeddedStore(tmp_path / "everysec", fsync="everysec")       # zeros buy nothing without an fsync a commit
+    other.commit([], other.load())
+    assert (tmp_path / "everysec" / LOG_NAME).stat().st_size == other.log_bytes
+    other.close()
 
 
 def test_a_zero_filled_tail_is_cut_and_the_buffer_starts(tmp_path: Path) -> None:
@@ -252,7 +279,9 @@ def test_a_full_disk_fails_calls_then_recovers_when_space_returns(tmp_path: Path
     want = fingerprint(core.state)
     (t,) = core.claim("r", 0, 1, 0).tickets
     want = fingerprint(core.state)
-    size = (tmp_path / LOG_NAME).stat().st_size
+    store = core.store
+    assert isinstance(store, EmbeddedStore)
+    size = store.log_bytes                           # (the file goes on with zeros written ahead of the log)
     with FileSizeLimit(size // 4):                   # the snapshot and the append both fail
         with pytest.raises(StoreError, match="buffer log"):
             core.put([make_sample(t.group_id, i, 2) for i in range(2)], 0)

@@ -5,7 +5,8 @@ applies
 a commit whole or not at all. Durability per `fsync`:
   always    (default) the reply waits until the commit is fsynced. Group commit: append() only writes (under the
             buffer's lock); sync() is called after the lock is released, and one fsync covers every commit written
-            before it, so concurrent Puts share one fsync instead of queueing behind each other's.
+            before it, so concurrent Puts share one fsync instead of queueing behind each other's. The log keeps
+            zeros written ahead of its end (PREALLOCATE_BYTES), so most fsyncs flush data only, no file size.
   everysec  a background thread fsyncs once a second: a power loss (not a process crash) loses up to ~1 s of
             acknowledged Puts, deliveries and Acks.
   no        never fsynced by the buffer (the OS flushes): a power loss loses whatever the OS had not written.
@@ -32,6 +33,7 @@ from rlfleet.services.buffer.stores.logfile import AppendLog, Scan, frame_parts,
 
 _LEN = struct.Struct("<I")
 LOG_NAME = "buffer.log"
+PREALLOCATE_BYTES = 4 << 20     # zeros kept ahead of the log when every commit is fsynced (see AppendLog)
 FSYNC_POLICIES = ("always", "everysec", "no")
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,7 @@ class EmbeddedStore:
         self.failure: str | None = None    # the last append/sync error, until a later one succeeds
         self.fsyncs = 0                    # fsync calls made (group commit shares them)
         self.synced_size = 0               # log file size at the last fsync that succeeded (what a power loss keeps)
+        self._preallocate = PREALLOCATE_BYTES if fsync == "always" else 0
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
 
@@ -136,9 +139,9 @@ class EmbeddedStore:
             try:
                 if result.legacy:
                     log.warning("%s: old log format; rewriting it as commit frames", self.path)
-                    self._log = replace_with(self.path, self._snapshot_frames(state))
+                    self._log = replace_with(self.path, self._snapshot_frames(state), self._preallocate)
                 else:
-                    self._log = AppendLog(self.path, result.end)
+                    self._log = AppendLog(self.path, result.end, preallocate=self._preallocate)
             except OSError as exc:
                 raise StoreError(f"buffer log {self.path}: {exc}") from exc
             self._live_bytes = self.synced_size = self._log.size   # a torn tail cut: what is left is on disk
@@ -148,6 +151,11 @@ class EmbeddedStore:
             self._syncer = threading.Thread(target=self._sync_loop, name="buffer-fsync", daemon=True)
             self._syncer.start()
         return state
+
+    @property
+    def log_bytes(self) -> int:
+        """Bytes of commits in the log (the file may hold preallocated zeros after them)."""
+        return self._log.size if self._log is not None else 0
 
     # ---- commit --------------------------------------------------------------------------------------------------
     def append(self, mutations: list[Mutation], state: State) -> int:
@@ -251,7 +259,7 @@ class EmbeddedStore:
         assert self._log is not None
         frames = self._snapshot_frames(state)
         with self._exclusive():
-            new = replace_with(self.path, frames)
+            new = replace_with(self.path, frames, self._preallocate)
             old, self._log = self._log, new
             old.close()
             with self._cv:
