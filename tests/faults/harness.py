@@ -50,7 +50,7 @@ import yaml
 from rlfleet.rpc import wait_healthy
 from rlfleet.services.buffer.stores import Store
 from rlfleet.services.buffer.stores.embedded import LOG_NAME, decode_commit
-from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan
+from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan, scan_bytes
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
 from tests.faults.disk_full import fill_disk_for, log_end
 from tests.faults.ledger import Fault, Ledger, Verdict, check
@@ -122,7 +122,8 @@ class Cluster:
         self.buffer.kill9()
         path = self.run_dir / "buffer" / LOG_NAME
         data = path.read_bytes()
-        cut = keep if rng.random() < 0.5 else rng.randint(keep, len(data))
+        end = scan_bytes(path, data).end      # the last frame's end; the file goes on with zeros written ahead
+        cut = keep if rng.random() < 0.5 else rng.randint(keep, end)
         tail = b"\0" * (len(data) - cut) if rng.random() < 0.5 else b""
         path.write_bytes(data[:cut] + tail)
         fault.ended = time.monotonic()

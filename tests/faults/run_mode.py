@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlfleet.services.buffer.stores.embedded import LOG_NAME
-from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan
+from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan_bytes
 from tests.faults.disk_full import fill_disk_for, log_end
 from tests.faults.evidence import (
     complete_steps,
@@ -322,18 +322,20 @@ def power_loss(p: Planned, launcher: Launcher, run_dir: Path, ledger: Ledger) ->
             time.sleep(0.01)
     log = run_dir / "buffer" / LOG_NAME
     rng = random.Random(f"{p.at_step}:{p.delay}")
-    frames = scan(log).frames if log.exists() else []
-    choice = rng.choice(("clean", "torn", "zeros")) if frames else "clean"
+    data = log.read_bytes() if log.exists() else b""
+    found = scan_bytes(log, data)
+    choice = rng.choice(("clean", "torn", "zeros")) if found.frames else "clean"
     tail = b""
     if choice == "torn":
-        offset, body = frames[-1]
-        frame = log.read_bytes()[offset:offset + HEADER_BYTES + len(body)]
+        offset, body = found.frames[-1]
+        frame = data[offset:offset + HEADER_BYTES + len(body)]
         tail = frame[:rng.randrange(1, len(frame))]
     elif choice == "zeros":
         tail = b"\0" * rng.randrange(1, 4097)
     if tail:
-        with log.open("ab") as out:
-            out.write(tail)
+        # after the last frame, over the zeros the buffer wrote ahead (the file keeps its size, as on disk)
+        new = data[:found.end] + tail
+        log.write_bytes(new + bytes(max(0, len(data) - len(new))))
     f.ended = time.monotonic()
     return f"power_loss: {1 + len(children)} processes killed at once; log tail {choice} (+{len(tail)} bytes)"
 
