@@ -295,6 +295,35 @@ def test_a_full_disk_fails_calls_then_recovers_when_space_returns(tmp_path: Path
     assert fingerprint(open_core(tmp_path).state) == want
 
 
+def test_a_full_disk_takes_commits_into_the_zeros_left_then_fails(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The zeros written ahead of the log are allocated space: when the disk fills, commits go on into them (one
+    warning that no more could be written), and the first commit that needs more fails without a half frame."""
+    core = open_core(tmp_path)
+    run_steps(core, 2)
+    store = core.store
+    assert isinstance(store, EmbeddedStore)
+    file_size = (tmp_path / LOG_NAME).stat().st_size
+    room = file_size - store.log_bytes
+    assert room >= PREALLOCATE_BYTES // 2
+    with FileSizeLimit(file_size), caplog.at_level("WARNING"):
+        (t,) = core.claim("r", 0, 1, 0).tickets
+        big = [make_sample(t.group_id, i, 2, tokens=room // 15) for i in range(2)]   # ~60 % of the room each
+        core.put(big[:1], 0)                       # fits; the refill after it cannot be written
+        assert core.healthy() and "cannot write zeros ahead of the log" in caplog.text
+        want = fingerprint(core.state)
+        (u,) = core.claim("r", 0, 1, 0).tickets     # small: still fits in what is left
+        want = fingerprint(core.state)
+        with pytest.raises(StoreError, match="buffer log"):       # needs more than the room: fails whole
+            core.put([make_sample(u.group_id, i, 2, tokens=room // 10) for i in range(2)], 0)
+        assert fingerprint(core.store.load()) == want     # nothing half-written
+    core.put(big[1:], 0)                             # space returned
+    assert core.healthy()
+    want = fingerprint(core.state)
+    core.close()
+    assert fingerprint(open_core(tmp_path).state) == want
+
+
 def _checkpoint(run_dir: Path, step: int, ids_per_rank: list[list[str]]) -> None:
     """A complete checkpoint folder as the trainer leaves it (meta.json, checksums.json, committed ids per rank)."""
     path = run_dir / "checkpoints" / f"step_{step:08d}"
