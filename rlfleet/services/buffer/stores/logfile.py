@@ -25,6 +25,7 @@ _LEN = struct.Struct("<I")
 _HEAD = struct.Struct("<4sII")          # magic, body length, crc32(length bytes + body)
 _LEGACY = struct.Struct("<II")          # length, crc32(body)
 HEADER_BYTES = _HEAD.size
+_ZEROS = memoryview(bytes(1 << 20))     # what AppendLog writes ahead of the log, a slice at a time
 log = logging.getLogger(__name__)
 
 
@@ -254,8 +255,6 @@ class AppendLog:
         finally:
             os.close(self._fd)
 
-
-_ZEROS = memoryview(bytes(1 << 20))
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
