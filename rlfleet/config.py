@@ -317,6 +317,10 @@ class PerfConfig(Section):
     """The fast paths' off-switches."""
 
     single_pass: bool = Field(True, description="minibatches 1: old logprobs from the training forward.")
+    skip_zero_advantage: bool = Field(True, description="Single pass with a policy-gradient loss (no KL, entropy "
+                                      "bonus or critic): rows whose advantage is 0 at every token (a GRPO group "
+                                      "that scored the same) skip the forward and backward. Loss and gradients are "
+                                      "unchanged; policy metrics average over the rows that trained.")
     shared_prompt: bool = Field(True, description="FSDP trainer: samples with the same prompt (a group) run it "
                                 "through the model once per forward (trainer/shared_prompt.py).")
     shared_prompt_max_tokens: int = Field(8192, ge=16, description="Longest row of the shared-prompt layout; a "

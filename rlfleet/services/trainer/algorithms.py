@@ -110,6 +110,20 @@ def resolve(cfg: TrainerConfig) -> tuple[AdvantageEstimator, LossFn]:
     return advantage, EntropyTerm(loss, cfg.policy_loss.entropy_coef)
 
 
+# built-in estimators that read only rewards (never old / reference / teacher logprobs or critic values): their
+# advantages exist before the training forward, so zero-advantage rows can be left out of it
+REWARD_ONLY_ADVANTAGES = frozenset({"grpo", "rloo", "drgrpo", "reinforce_pp", "reinforce_pp_baseline"})
+
+
+def skips_zero_advantage(cfg: TrainerConfig, loss: LossFn) -> bool:
+    """Whether a single-pass step may leave rows with a zero advantage at every token out of its forward: the
+    advantage is a reward-only built-in, no KL anywhere, and the loss declares `zero_at_zero_advantage` (a token
+    with advantage 0 adds 0 to it and its gradient). rlfleet/services/trainer/step.py does the rest."""
+    adv = cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]
+    return adv in REWARD_ONLY_ADVANTAGES and cfg.kl.coef == 0 and \
+        bool(getattr(loss, "zero_at_zero_advantage", False))
+
+
 def needs_critic(cfg: TrainerConfig) -> bool:
     return (cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]) == "gae"
 

@@ -14,7 +14,10 @@ The one rule for empty responses (rows without a valid token): they add nothing 
 sequence-level denominator (the seq-mean modes, GSPO) counts only rows with at least one valid token
 (`policy_loss.empty_rows: exclude`, verl's convention); `include` counts every row (TRL's). The trainer puts the global
 counts in `batch.extras["seq_count"]` (rows with a valid token) and `batch.extras["row_count"]` (all rows).
-Metrics follow the same rule (this rank's share of a global mean): the trainer sums them over ranks.
+Metrics follow the same rule (this rank's share of a global mean): the trainer sums them over ranks. When the trainer
+leaves zero-advantage rows out of the forward (a loss whose `zero_at_zero_advantage` is true; step.py), the loss still
+divides by the whole batch's counts, so it and its gradient are unchanged, and the policy metrics (ratios, TIS,
+entropy) are means over the tokens that ran the forward (`batch.extras["metric_token_count"]`).
 
 Clamps (verl's bounds by default): the log-ratio log(pi/pi_old) to +-policy_loss.log_ratio_clamp before exp, the
 rollout log-ratio the same, k3 to +-policy_loss.kl_clamp: no NaN or inf from extreme log-probs.
@@ -39,6 +42,9 @@ from rlfleet.services.trainer.entropy import ENTROPY
 
 SEQ_COUNT = "seq_count"
 ROW_COUNT = "row_count"
+# batch.extras: the global valid tokens the policy metrics average over, when fewer rows ran the forward than the
+# loss divides by (rows left out with a zero advantage: rlfleet/services/trainer/step.py); absent: token_count
+METRIC_TOKENS = "metric_token_count"
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # TRL's loss_type names (same semantics) and rlfleet's former internal names
 AGG_ALIASES = {"bnpo": "token-mean", "dapo": "token-mean", "grpo": "seq-mean-token-mean",
@@ -127,6 +133,11 @@ def _old(logprobs: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
     return batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
 
 
+def metric_tokens(batch: TrainBatch, token_count: float) -> float:
+    """The denominator of the policy metrics' token means: the tokens that ran the forward (see METRIC_TOKENS)."""
+    return float(batch.extras.get(METRIC_TOKENS, token_count))
+
+
 def _token_share(valid: torch.Tensor, denom: float) -> Callable[[torch.Tensor], torch.Tensor]:
     """x [S, T] -> this rank's part of the global mean over valid tokens (denom = global valid tokens)."""
     d = max(float(denom), 1.0)
@@ -170,6 +181,13 @@ class ClippedPolicyLoss:
     log_ratio_clamp: float = LOG_RATIO_CLAMP
     empty_rows: str = "exclude"
 
+    @property
+    def zero_at_zero_advantage(self) -> bool:
+        """A token whose advantage is 0 adds 0 to this loss and to its gradient, whatever its logprob: -0 * r in
+        both clip branches, no dual clip (A < 0 only), token TIS weights multiply it. Sequence-level TIS is left
+        out (its weights and metric read whole rows)."""
+        return self.tis.level == "token"
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "agg", canonical_agg(self.agg))
         if 0 < self.clip_ratio_c <= 1.0:
@@ -180,7 +198,7 @@ class ClippedPolicyLoss:
         # logprobs, advantages, batch.*_logprobs, batch.response_mask: [S, T]
         valid = batch.response_mask > 0                                                # [S, T] bool
         old = _old(logprobs, batch)
-        share = _token_share(valid, token_count)                       # metrics: always global token means
+        share = _token_share(valid, metric_tokens(batch, token_count))   # metrics: always global token means
 
         log_ratio = torch.clamp(logprobs - old, -self.log_ratio_clamp, self.log_ratio_clamp)   # [S, T]
         ratio = torch.exp(log_ratio)                                                   # [S, T]
@@ -334,6 +352,11 @@ class EntropyTerm:
     inner: LossFn
     coef: float = 0.0
 
+    @property
+    def zero_at_zero_advantage(self) -> bool:
+        """No entropy bonus, and the inner loss says so (an entropy bonus is never zero)."""
+        return self.coef == 0 and bool(getattr(self.inner, "zero_at_zero_advantage", False))
+
     def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
                  token_count: float) -> LossOutput:
         out = self.inner(logprobs, advantages, batch, token_count)
@@ -343,9 +366,10 @@ class EntropyTerm:
                 raise ValueError("trainer.policy_loss.entropy_coef > 0 needs the forward's entropy "
                                  "(this backend does not provide it)")
             return out
-        mean = _token_share(batch.response_mask > 0, token_count)(entropy)
-        loss = out.loss - self.coef * mean if self.coef > 0 else out.loss
-        return LossOutput(loss=loss, metrics={**out.metrics, "entropy": float(mean.detach())})
+        valid = batch.response_mask > 0
+        loss = out.loss - self.coef * _token_share(valid, token_count)(entropy) if self.coef > 0 else out.loss
+        mean = _token_share(valid, metric_tokens(batch, token_count))(entropy.detach())
+        return LossOutput(loss=loss, metrics={**out.metrics, "entropy": float(mean)})
 
 
 def _clipped(cfg: TrainerConfig, clip_high: float, agg: str) -> ClippedPolicyLoss:

@@ -26,7 +26,7 @@ from rlfleet.security.identity import Credential
 from rlfleet.security.signing import Signer, weight_verifier
 from rlfleet.service_main import listen_address
 from rlfleet.services.trainer import checkpoint
-from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.algorithms import resolve, skips_zero_advantage
 from rlfleet.services.trainer.backends import TrainerBackend, data_parallel_size, make_backend
 from rlfleet.services.trainer.backends.fsdp import init_distributed, trainer_device
 from rlfleet.services.trainer.batch import rank_groups
@@ -114,7 +114,9 @@ class Trainer:
         self.ctx = StepContext(advantage_fn=advantage_fn, loss_fn=loss_fn, hooks=self.hooks,
                                temperature=cfg.rollout.sampling.temperature, minibatches=t.minibatches,
                                grad_clip=t.grad_clip, world_size=world_size, device=self.device,
-                               entropy_grad=t.policy_loss.entropy_coef > 0, single_pass=cfg.perf.single_pass)
+                               entropy_grad=t.policy_loss.entropy_coef > 0, single_pass=cfg.perf.single_pass,
+                               skip_zero_advantage=cfg.perf.skip_zero_advantage and
+                               skips_zero_advantage(t, loss_fn))
         self.leader: Leader | None = None
         self.limits = BatchLimits(max_seq_len=t.max_seq_len, vocab_size=model_limits(cfg.model_path).vocab_size)
         self.version = 0

@@ -19,7 +19,7 @@ from rlfleet.services.trainer.batch import batch_to, build_train_batch, forward_
 from rlfleet.services.trainer.collectives import all_reduce_sum
 from rlfleet.services.trainer.entropy import ENTROPY_GRAD
 from rlfleet.services.trainer.hooks import call_hooks
-from rlfleet.services.trainer.losses import ROW_COUNT, SEQ_COUNT
+from rlfleet.services.trainer.losses import METRIC_TOKENS, ROW_COUNT, SEQ_COUNT
 from rlfleet.services.trainer.routing_replay import RoutingReplay
 from rlfleet.services.trainer.token_versions import version_sums, version_totals
 
@@ -50,6 +50,8 @@ class StepContext:
     entropy_grad: bool = False                      # the loss's entropy bonus needs the forward's entropy graph
     # one optimizer step per batch (minibatches 1): old logprobs = the training forward's, detached (one pass)
     single_pass: bool = True
+    # single pass: rows with a zero advantage at every token skip the forward (algorithms.skips_zero_advantage)
+    skip_zero_advantage: bool = False
 
 
 def _select_rows(batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:
@@ -115,6 +117,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
     batch = batch_to(batch, ctx.device)
     batch.extras[ENTROPY_GRAD] = ctx.entropy_grad
     one_pass = uses_single_pass(ctx)
+    skip = one_pass and ctx.skip_zero_advantage
     advantages = prepare_batch(model, batch, ctx, old_logprobs=not one_pass)               # [S, T] or None
     bounds = row_bounds([len(g) for g in groups], len(groups) // ctx.minibatches, ctx.minibatches)
     totals: dict[str, float] = {}
@@ -128,10 +131,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
                                  float((mb.response_mask.sum(1) > 0).sum())], ctx.device)
         token_count = counts[0]
         mb.extras[ROW_COUNT], mb.extras[SEQ_COUNT] = counts[1], counts[2]
+        if one_pass and skip:
+            mb_adv = ctx.advantage_fn(mb).to(torch.float32)                                # [S, T]
+            mb, mb_adv, totals["zero_advantage_rows"] = _trained_rows(mb, mb_adv, ctx.device)
         logprobs = _logprobs(model, mb, ctx)                                               # [S', T]
         if one_pass:
-            mb.old_logprobs = logprobs.detach()                                            # [S, T]
-            mb_adv = ctx.advantage_fn(mb).to(torch.float32)                                # [S, T]
+            mb.old_logprobs = logprobs.detach()                                            # [S', T]
+            if not skip:
+                mb_adv = ctx.advantage_fn(mb).to(torch.float32)                            # [S, T]
         out = ctx.loss_fn(logprobs, mb_adv, mb, token_count)
         # FSDP averages gradients over ranks; the loss is already this rank's share of the global mean.
         (out.loss * ctx.world_size).backward()
@@ -162,6 +169,29 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
     totals.update(samples=counts[0], tokens=counts[1], reward_mean=counts[2] / max(counts[0], 1.0))
     totals.update(version_totals(all_reduce_sum(version_sums(batch), ctx.device)))
     return totals
+
+
+def _trained_rows(batch: TrainBatch, advantages: torch.Tensor, device: torch.device
+                  ) -> tuple[TrainBatch, torch.Tensor, float]:
+    """The rows whose advantage is nonzero at some valid token, for a loss that is 0 with no gradient at a zero
+    advantage (a GRPO group whose samples all scored the same adds nothing): (sub-batch, its advantages [S', T],
+    the global fraction of rows left out). The loss keeps dividing by the whole batch's counts (extras and
+    token_count, set before), so it and its gradients are unchanged; metric_token_count makes the policy metrics
+    means over the rows kept. A rank keeps at least one row: every parameter then gets its (zero) gradient, so
+    the optimizer steps exactly as with the whole batch, and FSDP's collectives run on every rank."""
+    valid = batch.response_mask > 0                                                      # [S, T]
+    live = ((advantages != 0) & valid).any(dim=1)                                       # [S]
+    rows = live.nonzero().flatten()                                                     # [S']
+    if rows.numel() == 0:
+        rows = torch.zeros(1, dtype=torch.long, device=live.device)
+    total, left_out, tokens = all_reduce_sum([float(live.numel()), float((~live).sum()),
+                                             float(batch.response_mask[rows].sum())], device)
+    if rows.numel() == live.numel():
+        batch.extras[METRIC_TOKENS] = tokens
+        return batch, advantages, left_out / max(total, 1.0)
+    sub = select_rows(batch, rows, trim=True)
+    sub.extras[METRIC_TOKENS] = tokens
+    return sub, advantages[rows], left_out / max(total, 1.0)
 
 
 def row_bounds(group_sizes: Sequence[int], groups_per_mb: int, count: int) -> list[tuple[int, int]]:
