@@ -15,6 +15,7 @@ from rlfleet.protocols import LossOutput, TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.step import StepContext, train_step, uses_single_pass
+from tests.support.grad_recorder import GradRecorder
 from tests.support.tiny_model import make_tiny_model
 
 
@@ -34,31 +35,17 @@ def _groups(seed: int) -> list[list[Sample]]:
     return groups
 
 
-class _Recorder:
-    """before_step hook: keeps each parameter's gradient (after backward, before clipping) and the batch."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.grads: dict[str, torch.Tensor] = {}
-        self.old: torch.Tensor | None = None
-
-    def before_step(self, step: int, batch: TrainBatch) -> None:
-        self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
-        assert batch.old_logprobs is not None
-        self.old = batch.old_logprobs.detach().clone()
-
-
 class _NeedsOld:
     needs_old_logprobs = True
 
 
-def _run(model_dir: Path, single_pass: bool, advantage: str) -> tuple[dict[str, float], _Recorder, int]:
+def _run(model_dir: Path, single_pass: bool, advantage: str) -> tuple[dict[str, float], GradRecorder, int]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     calls = [0]
     model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    recorder = _Recorder(model)
+    recorder = GradRecorder(model)
     cfg = TrainerConfig(advantage=advantage, tis={"mode": "tis", "clip": 1.2})
     advantage_fn, loss_fn = resolve(cfg)
     ctx = StepContext(advantage_fn=advantage_fn, loss_fn=loss_fn, hooks=[recorder], temperature=0.9, minibatches=1,
@@ -77,7 +64,7 @@ def test_single_pass_equals_two_passes(tmp_path: Path, gloo_world: None, advanta
     one, rec1, calls1 = _run(model_dir, True, advantage)
     two, rec2, calls2 = _run(model_dir, False, advantage)
     assert (calls1, calls2) == (1, 2)                 # the no-grad forward is gone
-    assert torch.equal(rec1.old, rec2.old)
+    assert rec1.old is not None and rec2.old is not None and torch.equal(rec1.old, rec2.old)
     assert set(one) == set(two)
     for key in two:
         assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-7), key

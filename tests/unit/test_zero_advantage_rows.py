@@ -15,6 +15,7 @@ from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.algorithms import resolve, skips_zero_advantage
 from rlfleet.services.trainer.step import StepContext, train_step
+from tests.support.grad_recorder import GradRecorder
 from tests.support.tiny_model import make_tiny_model
 
 TEMPERATURE = 0.9
@@ -37,17 +38,6 @@ def _groups(rewards: list[list[float]], seed: int) -> list[list[Sample]]:
     return groups
 
 
-class _Recorder:
-    """before_step hook: each parameter's gradient (after backward, before clipping)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.grads: dict[str, torch.Tensor] = {}
-
-    def before_step(self, step: int, batch: TrainBatch) -> None:
-        self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
-
-
 class _Trainer:
     def __init__(self, model_dir: Path, skip: bool) -> None:
         torch.manual_seed(0)
@@ -58,7 +48,7 @@ class _Trainer:
         self.model.register_forward_hook(lambda _m, args, kwargs, _out: self.rows_seen.append(
             int(kwargs["input_ids"].shape[0] if "input_ids" in kwargs else args[0].shape[0])), with_kwargs=True)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2, weight_decay=0.1)
-        self.recorder = _Recorder(self.model)
+        self.recorder = GradRecorder(self.model)
         cfg = TrainerConfig(tis={"mode": "tis", "clip": 1.2})
         advantage_fn, loss_fn = resolve(cfg)
         assert skips_zero_advantage(cfg, loss_fn)
