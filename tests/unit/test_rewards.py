@@ -7,6 +7,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -143,6 +144,50 @@ def test_a_hung_reward_keeps_its_thread_and_the_next_calls_reuse_one() -> None:
     assert sum(t.name == "reward" for t in threading.enumerate()) == before + 1    # one more, reused 50 times
     assert all(t.daemon for t in threading.enumerate() if t.name == "reward")
     gate.set()
+
+
+def test_a_groups_samples_score_in_one_job_each_with_its_own_time_out() -> None:
+    """score_batch of a plain reward: the samples run one after another on one pool thread (one hand-off), each with
+    the time-out to itself; one that raises or hangs fails alone, the ones after a hang run on another thread and
+    are called once each (the abandoned job starts no further call), and the results keep the samples' order."""
+    gate = threading.Event()
+    calls: list[str] = []
+
+    def reward(prompt: Prompt, completion: str, sample: object) -> float:
+        calls.append(completion)
+        if completion == "hang":
+            gate.wait(30)
+        if completion == "raise":
+            raise ValueError("bad case")
+        if completion == "nan":
+            return float("nan")
+        time.sleep(0.1)                   # each call alone fits the time-out; all of them together do not
+        return float(len(completion))
+
+    scorer = Scorer(reward, 0.3)
+    jobs: list[object] = []                                     # what the scorer hands to its reward threads
+    hand = scorer._pool.run
+
+    def counted(job: Callable[[], None]) -> None:
+        jobs.append(job)
+        hand(job)
+
+    scorer._pool.run = counted                                  # type: ignore[method-assign]
+    quick = scorer.score_batch([P()] * 4, ["a", "bb", "ccc", "dddd"], [None] * 4)
+    assert quick == [(1.0, {}), (2.0, {}), (3.0, {}), (4.0, {})]
+    assert len(jobs) == 1                                       # the four went to a reward thread as one job
+    calls.clear()
+    t0 = time.monotonic()
+    out = scorer.score_batch([P()] * 6, ["a", "raise", "hang", "nan", "bb", "ccc"], [None] * 6)
+    assert time.monotonic() - t0 < 3.0
+    assert out[0] == (1.0, {}) and out[4] == (2.0, {}) and out[5] == (3.0, {})
+    assert isinstance(out[1], RewardFailure) and "raised ValueError: bad case" in str(out[1])
+    assert isinstance(out[2], RewardFailure) and "timed out after 0.3s" in str(out[2])
+    assert isinstance(out[3], RewardFailure) and "not finite" in str(out[3])
+    assert len(jobs) == 3                                       # one job, and one more for the calls after the hang
+    gate.set()                                                  # the hung call returns: its job starts nothing more
+    time.sleep(0.3)
+    assert calls == ["a", "raise", "hang", "nan", "bb", "ccc"]
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from concurrent.futures import Future, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext
 from rlfleet.sample import RoutedExperts, Sample, Status
@@ -12,7 +12,11 @@ from rlfleet.services.rollout.messages import sample_seed, status_of
 
 
 def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
-    """group_size completions of one prompt with the config sampling (a per-sample seed from the run seed)."""
+    """group_size completions of one prompt with the config sampling (a per-sample seed from the run seed).
+
+    Whenever it wakes, it scores every completion that has finished by then in one call (`score_group`: one hand-off
+    to the reward's thread for all of them, where per-sample scoring paid one each); a batched reward scores the
+    whole group at the end."""
     prompt_ids = ctx.encode_prompt(prompt)
     run_seed = getattr(ctx, "run_seed", 0)
     futures: dict[Future[Generation], int] = {}
@@ -21,29 +25,41 @@ def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Ite
         futures[ctx.generate(prompt_ids, sampling)] = i
     held: list[Sample] = []                          # a batched reward scores the group at once, at the end
     batched = bool(getattr(ctx, "batched_reward", False))
-    for future in as_completed(futures):
-        index = futures[future]
-        sample = Sample(group_id=ticket.group_id, index=index, group_size=ticket.group_size, prompt_ids=prompt_ids,
-                        response_ids=[], rollout_logprobs=[], prompt_index=ticket.prompt_index,
-                        replica_id=ctx.replica_id)
-        try:
-            gen = future.result()
-        except Exception as exc:  # noqa: BLE001 - an engine failure fails this sample only
-            sample.status, sample.status_reason = Status.FAILED, f"engine raised {type(exc).__name__}: {exc}"
-            yield sample
-            continue
-        sample.response_ids, sample.rollout_logprobs = list(gen.output_ids), list(gen.logprobs)
-        sample.weight_version, sample.status = gen.weight_version, status_of(gen.finish_reason)
-        if sample.status == Status.ABORTED:
-            sample.status_reason = f"engine finish_reason '{gen.finish_reason}'"
-        versions = tuple(getattr(gen, "token_versions", ()) or ())
-        if versions and len(set(versions)) > 1:      # the weights changed mid-sequence (in-place update)
-            sample.token_versions = list(versions)
-        if gen.routed_experts is not None:           # MoE: per-token expert ids for routing replay (R3)
-            sample.routed_experts = RoutedExperts(ids=gen.routed_experts)
+    score_group = getattr(ctx, "score_group", None)
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        ready = [_sample(ctx, prompt_ids, ticket, futures[f], f) for f in sorted(done, key=futures.__getitem__)]
+        failed = [s for s in ready if s.status == Status.FAILED]
+        scorable = [s for s in ready if s.status != Status.FAILED]
+        yield from failed
         if batched:
-            held.append(sample)
+            held += scorable
+        elif score_group is not None:
+            yield from score_group(prompt, scorable)
         else:
-            yield ctx.score(prompt, sample)
+            yield from (ctx.score(prompt, s) for s in scorable)
     if held:
         yield from ctx.score_group(prompt, held)  # type: ignore[attr-defined]
+
+
+def _sample(ctx: RolloutContext, prompt_ids: list[int], ticket: GroupTicket, index: int,
+            future: Future[Generation]) -> Sample:
+    """The sample of a finished generation request (FAILED when the engine raised for it)."""
+    sample = Sample(group_id=ticket.group_id, index=index, group_size=ticket.group_size, prompt_ids=prompt_ids,
+                    response_ids=[], rollout_logprobs=[], prompt_index=ticket.prompt_index, replica_id=ctx.replica_id)
+    try:
+        gen = future.result()
+    except Exception as exc:  # noqa: BLE001 - an engine failure fails this sample only
+        sample.status, sample.status_reason = Status.FAILED, f"engine raised {type(exc).__name__}: {exc}"
+        return sample
+    sample.response_ids, sample.rollout_logprobs = list(gen.output_ids), list(gen.logprobs)
+    sample.weight_version, sample.status = gen.weight_version, status_of(gen.finish_reason)
+    if sample.status == Status.ABORTED:
+        sample.status_reason = f"engine finish_reason '{gen.finish_reason}'"
+    versions = tuple(getattr(gen, "token_versions", ()) or ())
+    if versions and len(set(versions)) > 1:          # the weights changed mid-sequence (in-place update)
+        sample.token_versions = list(versions)
+    if gen.routed_experts is not None:               # MoE: per-token expert ids for routing replay (R3)
+        sample.routed_experts = RoutedExperts(ids=gen.routed_experts)
+    return sample
