@@ -138,3 +138,78 @@ def test_per_sample_outcomes_are_reported_as_the_buffer_gives_them() -> None:
     mixed = buffer_pb2.PutReply(accepted=1, duplicates=1, outcomes=[buffer_pb2.PUT_DUPLICATE, buffer_pb2.PUT_ACCEPTED])
     putter = SamplePutter(lambda data, timeout: mixed, SETTINGS, threading.Event())
     assert putter.deliver_many([sample(0), sample(1)]) == ["duplicate", "accepted"]
+
+
+class GatedStub:
+    """Buffer.Put double: the first Put waits at a gate; each sample's outcome follows its group's name
+    ("dup*": duplicate, else accepted); a Put of several samples holding a group "bad" is refused whole."""
+
+    def __init__(self) -> None:
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.puts: list[list[str]] = []
+
+    def Put(self, data: bytes, timeout: float) -> buffer_pb2.PutReply:
+        request = buffer_pb2.PutRequest.FromString(data)
+        groups = [s.group_id for s in request.samples]
+        self.puts.append(groups)
+        if len(self.puts) == 1:
+            self.entered.set()
+            assert self.gate.wait(30)
+        if "bad" in groups:
+            raise Code(grpc.StatusCode.INVALID_ARGUMENT)
+        return buffer_pb2.PutReply(outcomes=[buffer_pb2.PUT_DUPLICATE if g.startswith("dup") else
+                                             buffer_pb2.PUT_ACCEPTED for g in groups])
+
+
+def group_samples(group: str, n: int = 2) -> list[Sample]:
+    return [Sample(group_id=group, index=i, group_size=n, prompt_ids=[1], response_ids=[4], rollout_logprobs=[-1.0])
+            for i in range(n)]
+
+
+def test_groups_that_finish_together_share_a_put_and_each_gets_its_own_outcomes() -> None:
+    stub = GatedStub()
+    putter = SamplePutter(stub.Put, SETTINGS, threading.Event())
+    names = ["first", "a", "dup1", "b", "dup2", "c", "d"]
+    results: dict[str, list[str]] = {}
+
+    def deliver(name: str) -> None:
+        results[name] = putter.deliver_many(group_samples(name))
+
+    threads = [threading.Thread(target=deliver, args=(n,)) for n in names]
+    threads[0].start()
+    assert stub.entered.wait(30)                      # the first Put is in flight ...
+    for t in threads[1:]:
+        t.start()
+    while len(putter._queue) < len(names) - 1:        # ... while the other six groups queue behind it
+        threading.Event().wait(0.001)
+    stub.gate.set()
+    for t in threads:
+        t.join(30)
+    assert [len(p) for p in stub.puts] == [2, 12]     # two Puts for seven groups
+    assert sorted(set(stub.puts[1])) == sorted(names[1:])
+    for name in names:
+        assert results[name] == ["duplicate"] * 2 if name.startswith("dup") else ["accepted"] * 2, name
+
+
+def test_a_shared_put_refused_whole_is_retried_per_sample_and_only_the_bad_group_is_lost() -> None:
+    stub = GatedStub()
+    putter = SamplePutter(stub.Put, SETTINGS, threading.Event())
+    results: dict[str, list[str]] = {}
+
+    def deliver(name: str) -> None:
+        results[name] = putter.deliver_many(group_samples(name))
+
+    first = threading.Thread(target=deliver, args=("first",))
+    first.start()
+    assert stub.entered.wait(30)
+    rest = [threading.Thread(target=deliver, args=(n,)) for n in ("a", "bad", "dup")]
+    for t in rest:
+        t.start()
+    while len(putter._queue) < 3:
+        threading.Event().wait(0.001)
+    stub.gate.set()
+    for t in [first, *rest]:
+        t.join(30)
+    assert results == {"first": ["accepted"] * 2, "a": ["accepted"] * 2, "bad": ["refused"] * 2,
+                       "dup": ["duplicate"] * 2}
+    assert [len(p) for p in stub.puts] == [2, 6, 1, 1, 1, 1, 1, 1]     # the shared Put, then one per sample

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -45,13 +45,35 @@ OUTCOME = {buffer_pb2.PUT_ACCEPTED: ACCEPTED, buffer_pb2.PUT_DUPLICATE: DUPLICAT
 PUT_BATCH_BYTES = 4 << 20        # a group's samples are put together, in requests of at most this many bytes
 
 
+@dataclass
+class _Waiting:
+    """One caller's samples waiting for a Put (SamplePutter.deliver_many)."""
+
+    samples: Sequence[Sample]
+    encoded: Sequence[bytes]
+    size: int
+    outcomes: list[str] | None = None       # set under SamplePutter._lock, as are error and lead
+    error: BaseException | None = None
+    lead: bool = False              # this caller sends the next Put
+    ready: threading.Event = field(default_factory=threading.Event)    # set after outcomes, error or lead
+
+
 class SamplePutter:
     """Put samples; on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED keep them and retry with backoff.
     put: Buffer.Put taking an encoded PutRequest (rlfleet.put_wire.raw_put): each sample is serialized once and
-    framed, never copied into a PutRequest message (which costs ~8x more to serialize for a large sample)."""
+    framed, never copied into a PutRequest message (which costs ~8x more to serialize for a large sample).
+
+    Groups that finish together share a Put: callers of deliver_many queue their samples, and while one caller's
+    Put is in flight the others wait; the next leader sends everything queued by then (up to PUT_BATCH_BYTES) in
+    one request, and each caller gets its own samples' outcomes. One Put is one durable commit in the buffer, so a
+    step's 32 groups cost a few commits and RPCs instead of 32 (the buffer's CPU is shared with the trainer and
+    the engine)."""
 
     def __init__(self, put: RawPut, settings: WorkSettings, stop: threading.Event) -> None:
         self._put, self._s, self._stop = put, settings, stop
+        self._lock = threading.Lock()
+        self._queue: list[_Waiting] = []
+        self._sending = False           # a leader holds the Put
 
     def put(self, sample: Sample) -> bool:
         return self.deliver(sample) in (ACCEPTED, DUPLICATE, CANCELLED)
@@ -63,13 +85,65 @@ class SamplePutter:
         return self.deliver_many([sample])[0]
 
     def deliver_many(self, samples: Sequence[Sample], encoded: Sequence[bytes] | None = None) -> list[str]:
-        """deliver() of each sample, in one Put (one durable commit, one fsync). A request the buffer refuses as a
-        whole (one malformed sample refuses the call) is split into one Put per sample, so only the bad one is lost.
-        encoded: the samples' serialized bytes, when the caller has them."""
+        """deliver() of each sample, in one Put (one durable commit, one fsync), which samples other callers
+        deliver at the same time may share. A request the buffer refuses as a whole (one malformed sample refuses
+        the call) is split into one Put per sample, so only the bad one is lost. encoded: the samples' serialized
+        bytes, when the caller has them."""
         if not samples:
             return []
         if encoded is None:
             encoded = [s.to_proto().SerializeToString() for s in samples]
+        mine = _Waiting(samples, encoded, sum(map(len, encoded)))
+        with self._lock:
+            self._queue.append(mine)
+            mine.lead, self._sending = not self._sending, True
+        while True:
+            with self._lock:
+                if mine.outcomes is not None:
+                    return mine.outcomes
+                if mine.error is not None:
+                    raise mine.error
+                lead, mine.lead = mine.lead, False
+                if not lead:
+                    mine.ready.clear()
+            if lead:
+                self._send_queued()
+            else:
+                mine.ready.wait()
+
+    def _send_queued(self) -> None:
+        """As the leader: one Put of the queue's head (up to PUT_BATCH_BYTES, at least one caller), each caller's
+        outcomes to it, and the lead to the caller now first in the queue, if any."""
+        with self._lock:
+            batch: list[_Waiting] = []
+            size = 0
+            while self._queue and (not batch or size + self._queue[0].size <= PUT_BATCH_BYTES):
+                size += self._queue[0].size
+                batch.append(self._queue.pop(0))
+        outcomes: list[str] = []
+        error: BaseException | None = None
+        try:
+            outcomes = self._put_now([s for w in batch for s in w.samples], [e for w in batch for e in w.encoded])
+        except BaseException as exc:  # noqa: BLE001 - each caller in the batch raises it
+            error = exc
+        with self._lock:
+            at = 0
+            for w in batch:
+                if error is None:
+                    w.outcomes, at = outcomes[at:at + len(w.samples)], at + len(w.samples)
+                else:
+                    w.error = error
+            nxt = self._queue[0] if self._queue else None
+            if nxt is None:
+                self._sending = False
+            else:
+                nxt.lead = True
+        for w in batch:
+            w.ready.set()
+        if nxt is not None:
+            nxt.ready.set()
+
+    def _put_now(self, samples: Sequence[Sample], encoded: Sequence[bytes]) -> list[str]:
         request = encode_put_request(encoded, self._s.put_wait)
         backoff = 0.2
         while True:
@@ -78,8 +152,8 @@ class SamplePutter:
                 return _outcomes(reply, len(samples))
             except grpc.RpcError as exc:
                 if exc.code() not in RETRYABLE:
-                    if len(samples) > 1:
-                        return [self.deliver(s) for s in samples]
+                    if len(samples) > 1:          # one Put per sample: only the bad one is lost
+                        return [self._put_now([s], [e])[0] for s, e in zip(samples, encoded, strict=True)]
                     log.error("Put of sample %s refused (%s: %s); dropped", samples[0].sample_id, exc.code(),
                               exc.details())
                     return [REFUSED]
