@@ -137,23 +137,10 @@ class Scorer:
                 raise RewardFailure(f"{self.name} timed out after {self.timeout:g}s") from None
             except Exception as exc:  # noqa: BLE001 - user code
                 raise RewardFailure(f"{self.name} raised {type(exc).__name__}: {exc}") from None
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def target() -> None:
-            try:
-                box["value"] = self.fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - user code
-                box["error"] = exc
-            done.set()
-
-        self._pool.run(target)
-        if not done.wait(self.timeout):
-            raise RewardFailure(f"{self.name} timed out after {self.timeout:g}s")
-        if "error" in box:
-            error = box["error"]
-            raise RewardFailure(f"{self.name} raised {type(error).__name__}: {error}")
-        return box["value"]
+        value = self._call_each([(args, kwargs)])[0]          # a sync reward: the pool's one mechanism
+        if isinstance(value, RewardFailure):
+            raise value
+        return value
 
     def _call_each(self, calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
         """fn(*args, **kwargs) of each call, in order, as one job on one pool thread; each call has the time-out to

@@ -131,7 +131,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
                                  float((mb.response_mask.sum(1) > 0).sum())], ctx.device)
         token_count = counts[0]
         mb.extras[ROW_COUNT], mb.extras[SEQ_COUNT] = counts[1], counts[2]
-        if one_pass and skip:
+        if skip:
             mb_adv = ctx.advantage_fn(mb).to(torch.float32)                                # [S, T]
             mb, mb_adv, totals["zero_advantage_rows"] = _trained_rows(mb, mb_adv, ctx.device)
         logprobs = _logprobs(model, mb, ctx)                                               # [S', T]
