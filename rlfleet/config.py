@@ -327,6 +327,9 @@ class PerfConfig(Section):
                                           "group that does not fit is split, each part repeating the prompt.")
     fused_optimizer: bool = Field(True, description="Trainer: torch's fused AdamW kernel on CPU and CUDA (~3x "
                                   "faster optimizer step; rounding differs ~1e-8 from the per-tensor loop).")
+    single_turn_collector: bool = Field(True, description="Rollout: the built-in single_turn runs every group on "
+                                        "one collector thread, not a thread per group (same samples; "
+                                        "services/rollout/single_turn_groups.py).")
     engine_fast_decode: bool = Field(True, description="torch engine: lean Llama-family packed prefill and decode "
                                      "step on fused q/k/v and gate/up weights (fast_prefill.py, fast_decode.py).")
     engine_compile: bool = Field(False, description="torch engine: torch.compile that step (needs a compiler; slow "

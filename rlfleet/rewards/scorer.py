@@ -126,33 +126,44 @@ class Scorer:
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) within the time-out; raises RewardFailure."""
-        if self.is_async:
-            if self._loop is None:
-                self._loop = _AsyncLoop()
-            future = asyncio.run_coroutine_threadsafe(self.fn(*args, **kwargs), self._loop.loop)
-            try:
-                return future.result(self.timeout)
-            except TimeoutError:
-                future.cancel()
-                raise RewardFailure(f"{self.name} timed out after {self.timeout:g}s") from None
-            except Exception as exc:  # noqa: BLE001 - user code
-                raise RewardFailure(f"{self.name} raised {type(exc).__name__}: {exc}") from None
-        value = self._call_each([(args, kwargs)])[0]          # a sync reward: the pool's one mechanism
+        value = self._call_each([(args, kwargs)])[0]
         if isinstance(value, RewardFailure):
             raise value
         return value
 
     def _call_each(self, calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
-        """fn(*args, **kwargs) of each call, in order, as one job on one pool thread; each call has the time-out to
-        itself (from when the one before it returned). Returns the values, a RewardFailure in the place of each call
-        that raised or timed out. After a call that times out, its job is abandoned (it starts no further call) and
-        the calls after it go to another thread."""
+        """fn(*args, **kwargs) of each call, in order: the values, a RewardFailure in the place of each call that
+        raised or timed out (see _start)."""
+        return self._start(calls)()
+
+    def _start(self, calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> Callable[[], list[Any]]:
+        """Start the calls; returns the function that waits for their values (as _call_each returns them). A sync
+        reward runs them as one job on one pool thread, each call with the time-out to itself (from when the one
+        before it returned); after a call that times out, its job is abandoned (it starts no further call) and the
+        calls after it go to another thread. An async reward has every call in flight on its loop at once, each
+        waited for up to the time-out."""
         if self.is_async:
-            return [self._call_or_failure(args, kwargs) for args, kwargs in calls]
+            if self._loop is None:
+                self._loop = _AsyncLoop()
+            loop = self._loop.loop
+            running = [asyncio.run_coroutine_threadsafe(self.fn(*args, **kwargs), loop) for args, kwargs in calls]
+            return lambda: [self._await(f) for f in running]
+        job = _SequentialJob(self.fn, calls)
+        self._pool.run(job)
+        return lambda: self._collect(job, calls)
+
+    def _await(self, future: Any) -> Any:
+        try:
+            return future.result(self.timeout)
+        except TimeoutError:
+            future.cancel()
+            return RewardFailure(f"{self.name} timed out after {self.timeout:g}s")
+        except Exception as exc:  # noqa: BLE001 - user code
+            return RewardFailure(f"{self.name} raised {type(exc).__name__}: {exc}")
+
+    def _collect(self, job: _SequentialJob, calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
         out: list[Any] = []
-        while len(out) < len(calls):
-            job = _SequentialJob(self.fn, calls[len(out):])
-            self._pool.run(job)
+        while True:
             for i in range(len(job.calls)):
                 result = job.result(i, self.timeout)
                 if result is None:
@@ -160,13 +171,10 @@ class Scorer:
                     break
                 ok, value = result
                 out.append(value if ok else RewardFailure(f"{self.name} raised {type(value).__name__}: {value}"))
-        return out
-
-    def _call_or_failure(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            return self._call(*args, **kwargs)
-        except RewardFailure as exc:
-            return exc
+            if len(out) == len(calls):
+                return out
+            job = _SequentialJob(self.fn, calls[len(out):])
+            self._pool.run(job)
 
     def _fold_or_failure(self, value: Any) -> tuple[float, dict[str, float]] | RewardFailure:
         try:
@@ -196,26 +204,36 @@ class Scorer:
     def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],
                     samples: Sequence[Any]) -> list[tuple[float, dict[str, float]] | RewardFailure]:
         """One result per sample: (reward, parts), or the RewardFailure of that sample."""
+        return self._start_batch(prompts, completions, samples)()
+
+    def score_batches(self, batches: Sequence[tuple[Sequence[Prompt], Sequence[str], Sequence[Any]]]
+                      ) -> list[list[tuple[float, dict[str, float]] | RewardFailure]]:
+        """score_batch of each (prompts, completions, samples), every batch started before any is waited for: a
+        batch is one job of its own (a batched reward: one call per batch), so a slow or remote reward overlaps
+        across groups as it did with a thread per group."""
+        waits = [self._start_batch(*batch) for batch in batches]
+        return [wait() for wait in waits]
+
+    def _start_batch(self, prompts: Sequence[Prompt], completions: Sequence[str], samples: Sequence[Any]
+                     ) -> Callable[[], list[tuple[float, dict[str, float]] | RewardFailure]]:
         if not self.batched:
-            values = self._call_each([((p, c, s), self._extras(p.extras))
-                                      for p, c, s in zip(prompts, completions, samples, strict=True)])
-            return [v if isinstance(v, RewardFailure) else self._fold_or_failure(v) for v in values]
+            wait = self._start([((p, c, s), self._extras(p.extras))
+                                for p, c, s in zip(prompts, completions, samples, strict=True)])
+            return lambda: [v if isinstance(v, RewardFailure) else self._fold_or_failure(v) for v in wait()]
         columns = {k: [p.extras.get(k) for p in prompts] for k in self._extras(prompts[0].extras if prompts else {})}
-        try:
-            values = self._call(list(prompts), list(completions), list(samples), **columns)
-            if not isinstance(values, Sequence) or len(values) != len(samples):
-                raise RewardFailure(f"{self.name} (batched) returned {type(values).__name__} "
+        wait_one = self._start([((list(prompts), list(completions), list(samples)), columns)])
+        return lambda: self._unbatch(wait_one()[0], len(samples))
+
+    def _unbatch(self, values: Any, n: int) -> list[tuple[float, dict[str, float]] | RewardFailure]:
+        """A batched reward's return value as one result per sample."""
+        if isinstance(values, RewardFailure):
+            return [values] * n
+        if not isinstance(values, Sequence) or len(values) != n:
+            failure = RewardFailure(f"{self.name} (batched) returned {type(values).__name__} "
                                     f"{'of length ' + str(len(values)) if isinstance(values, Sequence) else ''} "
-                                    f"for {len(samples)} samples")
-        except RewardFailure as exc:
-            return [exc] * len(samples)
-        results: list[tuple[float, dict[str, float]] | RewardFailure] = []
-        for v in values:
-            try:
-                results.append(self._fold(v))
-            except RewardFailure as exc:
-                results.append(exc)
-        return results
+                                    f"for {n} samples")
+            return [failure] * n
+        return [self._fold_or_failure(v) for v in values]
 
 
 def resolve_reward(name: str, args: Mapping[str, Any], what: str = "reward_fn") -> Callable[..., Any]:

@@ -217,6 +217,43 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+def test_groups_scored_together_run_their_jobs_at_the_same_time() -> None:
+    """score_batches starts every group's job before it waits for any: a reward that blocks until three groups'
+    calls are in progress at once (a barrier of 3) scores them all. Run one group after another it would break the
+    barrier (BrokenBarrierError after 10 s) and fail them. Sync, batched and async rewards alike."""
+
+    def make(kind: str):
+        barrier = threading.Barrier(3, timeout=10)
+        seen: list[str] = []
+
+        def plain(prompt: Prompt, completion: str, sample: object) -> float:
+            if completion.endswith("0"):
+                barrier.wait()                      # the first call of each group's job
+            seen.append(completion)
+            return float(len(completion))
+
+        @batched
+        def whole(prompts: list, completions: list, samples: list) -> list[float]:
+            barrier.wait()
+            seen.extend(completions)
+            return [float(len(c)) for c in completions]
+
+        async def coro(prompt: Prompt, completion: str, sample: object) -> float:
+            if completion.endswith("0"):
+                await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
+            seen.append(completion)
+            return float(len(completion))
+
+        return {"sync": plain, "batched": whole, "async": coro}[kind], seen
+
+    for kind in ("sync", "batched", "async"):
+        fn, seen = make(kind)
+        groups = [([P()] * 2, [f"g{g}-0", f"g{g}-10"], [None, None]) for g in range(3)]
+        results = Scorer(fn, 30.0).score_batches(groups)
+        assert results == [[(4.0, {}), (5.0, {})]] * 3, kind
+        assert sorted(seen) == sorted(c for _, cs, _ in groups for c in cs), kind
+
+
 def test_remote_reward_service_over_http(tmp_path: Path) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

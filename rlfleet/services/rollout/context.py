@@ -56,18 +56,25 @@ class ServiceContext:
 
     def score_group(self, prompt: Prompt, samples: list[Sample]) -> list[Sample]:
         """Score samples of one prompt together (one call of a batched reward); same failure rules as score."""
-        todo = [s for s in samples if s.status not in (Status.FAILED, Status.ABORTED)]
-        if not todo:
-            return samples
-        results = self.scorer.score_batch([prompt] * len(todo), [self.decode(s.response_ids) for s in todo], todo)
-        for sample, result in zip(todo, results, strict=True):
-            if isinstance(result, RewardFailure):
-                log.warning("sample %s: %s", sample.sample_id, result)
-                sample.status, sample.status_reason = Status.FAILED, str(result)
-                sample.reward, sample.reward_parts = 0.0, {}
-            else:
-                sample.reward, sample.reward_parts = result
+        self.score_groups([(prompt, samples)])
         return samples
+
+    def score_groups(self, groups: Sequence[tuple[Prompt, Sequence[Sample]]]) -> None:
+        """score_group of each (prompt, samples), the groups scored at the same time (Scorer.score_batches: one job
+        each, all started before any is waited for). FAILED and ABORTED samples are left as they are."""
+        todo = [(prompt, [s for s in samples if s.status not in (Status.FAILED, Status.ABORTED)])
+                for prompt, samples in groups]
+        todo = [(prompt, samples) for prompt, samples in todo if samples]
+        batches = [([prompt] * len(samples), [self.decode(s.response_ids) for s in samples], samples)
+                   for prompt, samples in todo]
+        for (_, samples), results in zip(todo, self.scorer.score_batches(batches), strict=True):
+            for sample, result in zip(samples, results, strict=True):
+                if isinstance(result, RewardFailure):
+                    log.warning("sample %s: %s", sample.sample_id, result)
+                    sample.status, sample.status_reason = Status.FAILED, str(result)
+                    sample.reward, sample.reward_parts = 0.0, {}
+                else:
+                    sample.reward, sample.reward_parts = result
 
 
 class GroupAborted(RuntimeError):

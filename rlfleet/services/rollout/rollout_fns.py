@@ -18,18 +18,14 @@ def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Ite
     to the reward's thread for all of them, where per-sample scoring paid one each); a batched reward scores the
     whole group at the end."""
     prompt_ids = ctx.encode_prompt(prompt)
-    run_seed = getattr(ctx, "run_seed", 0)
-    futures: dict[Future[Generation], int] = {}
-    for i in range(ticket.group_size):
-        sampling = dataclasses.replace(ctx.sampling, seed=sample_seed(run_seed, ticket.group_id, i))
-        futures[ctx.generate(prompt_ids, sampling)] = i
+    futures = {f: i for i, f in enumerate(submit_group(ctx, prompt_ids, ticket))}
     held: list[Sample] = []                          # a batched reward scores the group at once, at the end
     batched = bool(getattr(ctx, "batched_reward", False))
     score_group = getattr(ctx, "score_group", None)
     pending = set(futures)
     while pending:
         done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        ready = [_sample(ctx, prompt_ids, ticket, futures[f], f) for f in sorted(done, key=futures.__getitem__)]
+        ready = [sample_of(ctx, prompt_ids, ticket, futures[f], f) for f in sorted(done, key=futures.__getitem__)]
         failed = [s for s in ready if s.status == Status.FAILED]
         scorable = [s for s in ready if s.status != Status.FAILED]
         yield from failed
@@ -43,8 +39,16 @@ def single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Ite
         yield from ctx.score_group(prompt, held)  # type: ignore[attr-defined]
 
 
-def _sample(ctx: RolloutContext, prompt_ids: list[int], ticket: GroupTicket, index: int,
-            future: Future[Generation]) -> Sample:
+def submit_group(ctx: RolloutContext, prompt_ids: list[int], ticket: GroupTicket) -> list[Future[Generation]]:
+    """The group's group_size engine requests, sample i with the config sampling and its own seed from the run
+    seed, the group id and i (a sample's draws never depend on what else the engine runs)."""
+    run_seed = getattr(ctx, "run_seed", 0)
+    return [ctx.generate(prompt_ids, dataclasses.replace(ctx.sampling, seed=sample_seed(run_seed, ticket.group_id, i)))
+            for i in range(ticket.group_size)]
+
+
+def sample_of(ctx: RolloutContext, prompt_ids: list[int], ticket: GroupTicket, index: int,
+              future: Future[Generation]) -> Sample:
     """The sample of a finished generation request (FAILED when the engine raised for it)."""
     sample = Sample(group_id=ticket.group_id, index=index, group_size=ticket.group_size, prompt_ids=prompt_ids,
                     response_ids=[], rollout_logprobs=[], prompt_index=ticket.prompt_index, replica_id=ctx.replica_id)

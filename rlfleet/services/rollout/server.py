@@ -153,7 +153,8 @@ class RolloutReplica:
             counters.finished_samples += 1
 
         self.work = work = WorkLoop(self.buffer_channel, engine, ctx, plugins.data, plugins.rollout_fn, settings,
-                                    stop, on_sample, epoch_of=updater.epoch_of)
+                                    stop, on_sample, epoch_of=updater.epoch_of,
+                                    collector=cfg.perf.single_turn_collector)
         updater.listeners.append(work.weights_changed)
         self.server = Server(listen_address(cfg.endpoints.rollout[index] if index < len(cfg.endpoints.rollout)
                                             else "", args.listen), args.token)

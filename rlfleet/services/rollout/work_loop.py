@@ -1,7 +1,8 @@
 """The replica's work loop: Claim groups from the buffer, run the rollout function per group in a worker thread,
 Put each group's samples together once the rollout function has yielded them all (a group is trainable only whole;
 one Put is one durable commit) or every PUT_BATCH_BYTES, retrying until the buffer has them, stop when the run is
-finished.
+finished. The built-in `single_turn` runs on one collector thread instead (`single_turn_groups.py`; on unless
+`perf.single_turn_collector` is off): same samples, no thread per group.
 
 Every Claim reply lists the replica's groups the buffer cancelled (over-sampled work no step can use): their engine
 requests are aborted at once, freeing batch slots and KV memory. With every slot busy the loop still long-polls Claim
@@ -23,6 +24,8 @@ from rlfleet.put_wire import RawPut, encode_put_request, raw_put
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.context import GroupContext
 from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.rollout_fns import single_turn
+from rlfleet.services.rollout.single_turn_groups import SingleTurnGroups, StartedGroup
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -180,7 +183,9 @@ class WorkLoop:
     def __init__(self, channel: grpc.Channel, engine: Engine, ctx: RolloutContext, data: DataSource,
                  rollout_fn: RolloutFn, settings: WorkSettings, stop: threading.Event,
                  on_sample: Callable[[Sample], None] = lambda s: None,
-                 epoch_of: Callable[[int], int] = lambda version: 0) -> None:
+                 epoch_of: Callable[[int], int] = lambda version: 0, collector: bool = True) -> None:
+        """collector: run the built-in single_turn on one collector thread (SingleTurnGroups) rather than a thread
+        per group; other rollout functions always get a thread per group."""
         self._stub = buffer_pb2_grpc.BufferStub(channel)
         self._epoch_of = epoch_of          # trainer epoch of an applied version (WeightUpdater.epoch_of)
         self._engine, self._ctx, self._data, self._fn = engine, ctx, data, rollout_fn
@@ -196,6 +201,8 @@ class WorkLoop:
         self._restarted = True          # the first Claim re-queues what an earlier process of this replica held
         self._draining = threading.Event()
         self._new_weights = threading.Event()   # set when the engine loads a version (a staleness gate may open)
+        self._collector = SingleTurnGroups(ctx, data, self._finish_groups) \
+            if collector and rollout_fn is single_turn else None
 
     @property
     def in_flight_groups(self) -> int:
@@ -309,12 +316,56 @@ class WorkLoop:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._collector is not None:
+            self._collector.close()
 
     def _start(self, ticket: GroupTicket) -> None:
+        if self._collector is not None:
+            done: Future[None] = Future()
+            gctx = GroupContext(self._ctx, self._engine, ticket.group_id)
+            with self._lock:
+                self._in_flight.add(done)
+                self._groups[ticket.group_id] = gctx
+            done.add_done_callback(self._done)
+            self._collector.start(ticket, gctx, done)
+            return
         future = self._pool.submit(self._run_group, ticket)
         with self._lock:
             self._in_flight.add(future)
         future.add_done_callback(self._done)
+
+    def _finish_groups(self, groups: Sequence[StartedGroup]) -> None:
+        """The collector's completed groups: their samples in shared Puts (of at most PUT_BATCH_BYTES), FAILED
+        placeholders for a group that could not start, then their claim slots freed."""
+        try:
+            held: list[Sample] = []
+            raw: list[bytes] = []
+            raw_bytes = 0
+            for sample in (s for g in groups for s in g.samples):
+                encoded = self._stamped(sample).to_proto().SerializeToString()
+                if held and raw_bytes + len(encoded) > PUT_BATCH_BYTES:
+                    self._emit(held, raw)
+                    held, raw, raw_bytes = [], [], 0
+                held.append(sample)
+                raw.append(encoded)
+                raw_bytes += len(encoded)
+            self._emit(held, raw)
+            for g in groups:
+                if g.error is None:
+                    continue
+                if g.aborted:
+                    log.info("group %s aborted", g.ticket.group_id)
+                else:
+                    log.warning("group %s (prompt %d): %s", g.ticket.group_id, g.ticket.prompt_index, g.error)
+                    self._fail_rest(g.ticket, set(), g.error)
+        except Exception:  # noqa: BLE001 - the slots must free whatever happened; the groups' leases re-queue them
+            log.exception("putting %d groups failed", len(groups))
+        finally:
+            with self._lock:
+                for g in groups:
+                    self._groups.pop(g.ticket.group_id, None)
+            for g in groups:
+                g.done.set_result(None)
 
     def _done(self, future: Future[None]) -> None:
         with self._lock:
