@@ -16,26 +16,13 @@ from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.context import ServiceContext
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.rollout_fns import single_turn
-from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def engine(model_dir: Path):
-    eng = TorchEngine(model_dir, max_batch_size=8)
-    yield eng
-    eng.shutdown()
-
-
-def make_ctx(engine: TorchEngine, model_dir: Path, reward_fn, temperature: float = 1.0) -> ServiceContext:
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    return ServiceContext("r0", engine, tok, SamplingParams(temperature=temperature, max_new_tokens=6),
+def make_ctx(tiny_engine: TorchEngine, tiny_model_dir: Path, reward_fn, temperature: float = 1.0) -> ServiceContext:
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    return ServiceContext("r0", tiny_engine, tok, SamplingParams(temperature=temperature, max_new_tokens=6),
                           Scorer(reward_fn, 30.0),
                           run_seed=7)
 
@@ -48,8 +35,8 @@ def exploding_reward(prompt: Prompt, completion: str, sample: Sample) -> float:
     raise ValueError("no label for this prompt")
 
 
-def test_single_turn_yields_scored_samples(engine: TorchEngine, model_dir: Path) -> None:
-    ctx = make_ctx(engine, model_dir, length_reward)
+def test_single_turn_yields_scored_samples(tiny_engine: TorchEngine, tiny_model_dir: Path) -> None:
+    ctx = make_ctx(tiny_engine, tiny_model_dir, length_reward)
     prompt = Prompt(index=5, text="12+34=")
     samples = list(single_turn(ctx, prompt, GroupTicket(group_id="g1", prompt_index=5, group_size=4)))
     assert sorted(s.index for s in samples) == [0, 1, 2, 3]
@@ -63,9 +50,9 @@ def test_single_turn_yields_scored_samples(engine: TorchEngine, model_dir: Path)
     assert again == {s.index: s.response_ids for s in samples}      # per-sample seeds: reproducible
 
 
-def test_reward_that_raises_fails_the_sample_not_the_replica(engine: TorchEngine, model_dir: Path,
+def test_reward_that_raises_fails_the_sample_not_the_replica(tiny_engine: TorchEngine, tiny_model_dir: Path,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    ctx = make_ctx(engine, model_dir, exploding_reward)
+    ctx = make_ctx(tiny_engine, tiny_model_dir, exploding_reward)
     with caplog.at_level(logging.WARNING):
         samples = list(single_turn(ctx, Prompt(index=0, token_ids=(1, 5, 6)), GroupTicket("g2", 0, 2)))
     assert len(samples) == 2
@@ -77,13 +64,13 @@ def test_reward_that_raises_fails_the_sample_not_the_replica(engine: TorchEngine
     assert "reward_fn raised ValueError" in caplog.text
 
 
-def test_non_finite_reward_fails_the_sample(engine: TorchEngine, model_dir: Path) -> None:
-    ctx = make_ctx(engine, model_dir, lambda p, c, s: float("nan"), temperature=0)
+def test_non_finite_reward_fails_the_sample(tiny_engine: TorchEngine, tiny_model_dir: Path) -> None:
+    ctx = make_ctx(tiny_engine, tiny_model_dir, lambda p, c, s: float("nan"), temperature=0)
     sample = next(iter(single_turn(ctx, Prompt(index=0, token_ids=(1, 5)), GroupTicket("g3", 0, 1))))
     assert sample.status == Status.FAILED and "not finite" in sample.status_reason
 
 
-def test_batched_reward_scores_the_group_once_with_columns(engine: TorchEngine, model_dir: Path) -> None:
+def test_batched_reward_scores_the_group_once_with_columns(tiny_engine: TorchEngine, tiny_model_dir: Path) -> None:
     calls: list[tuple[int, list[int]]] = []
 
     @batched
@@ -91,7 +78,7 @@ def test_batched_reward_scores_the_group_once_with_columns(engine: TorchEngine, 
         calls.append((len(samples), level))
         return [float(len(s.response_ids)) * lv for s, lv in zip(samples, level, strict=True)]
 
-    ctx = make_ctx(engine, model_dir, by_group)
+    ctx = make_ctx(tiny_engine, tiny_model_dir, by_group)
     prompt = Prompt(index=1, text="12+34=", extras={"level": 2, "ignored": "x"})
     samples = list(single_turn(ctx, prompt, GroupTicket("g4", 1, 3)))
     assert calls == [(3, [2, 2, 2])]
@@ -99,12 +86,12 @@ def test_batched_reward_scores_the_group_once_with_columns(engine: TorchEngine, 
     assert all(s.reward == 2.0 * len(s.response_ids) and s.status != Status.FAILED for s in samples)
 
 
-def test_hanging_reward_fails_the_sample_with_the_reason(engine: TorchEngine, model_dir: Path) -> None:
+def test_hanging_reward_fails_the_sample_with_the_reason(tiny_engine: TorchEngine, tiny_model_dir: Path) -> None:
     def hang(prompt: Prompt, completion: str, sample: Sample) -> float:
         time.sleep(60)
         return 1.0
 
-    ctx = make_ctx(engine, model_dir, hang)
+    ctx = make_ctx(tiny_engine, tiny_model_dir, hang)
     ctx.scorer = Scorer(hang, 0.2)
     t0 = time.monotonic()
     samples = list(single_turn(ctx, Prompt(index=0, token_ids=(1, 5)), GroupTicket("g5", 0, 2)))

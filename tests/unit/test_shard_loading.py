@@ -38,6 +38,9 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
         if rank == 0:
             torch.save({"state": state, "logits": logits}, Path(out) / "held.pt")
         Path(out, f"rows{rank}.json").write_text(json.dumps(local))
+        # tear down together: rank 0 (the store's host) exiting while rank 1 still tore down its group aborted
+        # rank 1 once under load ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

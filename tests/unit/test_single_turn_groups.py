@@ -20,23 +20,10 @@ from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.rollout_fns import single_turn
 from rlfleet.services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2
-from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
 SETTINGS = WorkSettings(replica_id="r0", run_id="run", claim_groups=8)
 PROMPTS = {i: Prompt(index=i, text=f"{i}+{2 * i}=") for i in range(6)}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def engine(model_dir: Path):
-    eng = TorchEngine(model_dir, max_batch_size=32)
-    yield eng
-    eng.shutdown()
 
 
 def length_reward(prompt: Prompt, completion: str, sample: Sample) -> dict[str, float]:
@@ -58,13 +45,13 @@ class RecordingStub:
                                    outcomes=[buffer_pb2.PUT_ACCEPTED] * len(request.samples))
 
 
-def collector_loop(engine: TorchEngine, model_dir: Path, data: dict[int, Prompt], seen: list[Sample],
+def collector_loop(tiny_engine: TorchEngine, tiny_model_dir: Path, data: dict[int, Prompt], seen: list[Sample],
                    stub: RecordingStub) -> tuple[WorkLoop, ServiceContext]:
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    ctx = ServiceContext("r0", engine, tok, SamplingParams(temperature=1.0, max_new_tokens=6),
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    ctx = ServiceContext("r0", tiny_engine, tok, SamplingParams(temperature=1.0, max_new_tokens=6),
                          Scorer(length_reward, 30.0), run_seed=7)
     with grpc.insecure_channel("127.0.0.1:1") as ch:
-        loop = WorkLoop(ch, engine, ctx, data, single_turn, SETTINGS, threading.Event(), on_sample=seen.append)
+        loop = WorkLoop(ch, tiny_engine, ctx, data, single_turn, SETTINGS, threading.Event(), on_sample=seen.append)
     loop._putter = SamplePutter(stub.Put, SETTINGS, threading.Event())
     return loop, ctx
 
@@ -76,9 +63,10 @@ def wait_idle(loop: WorkLoop, seconds: float = 60.0) -> None:
     assert loop.in_flight_groups == 0, "claim slots not freed"
 
 
-def test_the_collector_puts_exactly_the_samples_single_turn_yields(engine: TorchEngine, model_dir: Path) -> None:
+def test_the_collector_puts_exactly_the_samples_single_turn_yields(tiny_engine: TorchEngine,
+                                                                   tiny_model_dir: Path) -> None:
     stub, seen = RecordingStub(), list[Sample]()
-    loop, ctx = collector_loop(engine, model_dir, PROMPTS, seen, stub)
+    loop, ctx = collector_loop(tiny_engine, tiny_model_dir, PROMPTS, seen, stub)
     assert loop._collector is not None                  # the built-in single_turn takes the collector
     tickets = [GroupTicket(group_id=f"g{i}", prompt_index=i, group_size=4) for i in range(6)]
     for t in tickets:
@@ -98,9 +86,10 @@ def test_the_collector_puts_exactly_the_samples_single_turn_yields(engine: Torch
     loop.close()
 
 
-def test_a_group_that_cannot_start_is_put_failed_and_the_others_go_on(engine: TorchEngine, model_dir: Path) -> None:
+def test_a_group_that_cannot_start_is_put_failed_and_the_others_go_on(tiny_engine: TorchEngine,
+                                                                      tiny_model_dir: Path) -> None:
     stub, seen = RecordingStub(), list[Sample]()
-    loop, _ = collector_loop(engine, model_dir, {0: PROMPTS[0], 2: Prompt(index=2)}, seen, stub)
+    loop, _ = collector_loop(tiny_engine, tiny_model_dir, {0: PROMPTS[0], 2: Prompt(index=2)}, seen, stub)
     loop._start(GroupTicket(group_id="ok", prompt_index=0, group_size=3))
     loop._start(GroupTicket(group_id="missing", prompt_index=9, group_size=3))      # the data source raises
     loop._start(GroupTicket(group_id="empty", prompt_index=2, group_size=3))        # encode_prompt raises
@@ -116,17 +105,17 @@ def test_a_group_that_cannot_start_is_put_failed_and_the_others_go_on(engine: To
     loop.close()
 
 
-def test_a_cancelled_groups_requests_are_aborted_and_its_samples_put_aborted(engine: TorchEngine,
-                                                                             model_dir: Path) -> None:
+def test_a_cancelled_groups_requests_are_aborted_and_its_samples_put_aborted(tiny_engine: TorchEngine,
+                                                                             tiny_model_dir: Path) -> None:
     stub, seen = RecordingStub(), list[Sample]()
-    loop, _ = collector_loop(engine, model_dir, PROMPTS, seen, stub)
-    engine.pause()                                      # the requests wait in the engine until resumed
+    loop, _ = collector_loop(tiny_engine, tiny_model_dir, PROMPTS, seen, stub)
+    tiny_engine.pause()                                      # the requests wait in the tiny_engine until resumed
     try:
         loop._start(GroupTicket(group_id="keep", prompt_index=1, group_size=2))
         loop._start(GroupTicket(group_id="cancel", prompt_index=2, group_size=2))
         assert loop.abort_cancelled(["cancel"]) == 2
     finally:
-        engine.resume()
+        tiny_engine.resume()
     wait_idle(loop)
     got = {(s.group_id, s.index): s for put in stub.puts for s in put}
     assert [got[("cancel", i)].status for i in range(2)] == [Status.ABORTED] * 2
@@ -135,14 +124,14 @@ def test_a_cancelled_groups_requests_are_aborted_and_its_samples_put_aborted(eng
     loop.close()
 
 
-def test_other_rollout_functions_and_the_off_switch_keep_a_thread_per_group(engine: TorchEngine,
-                                                                            model_dir: Path) -> None:
+def test_other_rollout_functions_and_the_off_switch_keep_a_thread_per_group(tiny_engine: TorchEngine,
+                                                                            tiny_model_dir: Path) -> None:
     def mine(ctx: object, prompt: Prompt, ticket: GroupTicket) -> list[Sample]:
         return []
 
     with grpc.insecure_channel("127.0.0.1:1") as ch:
-        other = WorkLoop(ch, engine, object(), PROMPTS, mine, SETTINGS, threading.Event())
-        off = WorkLoop(ch, engine, object(), PROMPTS, single_turn, SETTINGS, threading.Event(), collector=False)
+        other = WorkLoop(ch, tiny_engine, object(), PROMPTS, mine, SETTINGS, threading.Event())
+        off = WorkLoop(ch, tiny_engine, object(), PROMPTS, single_turn, SETTINGS, threading.Event(), collector=False)
     assert other._collector is None and off._collector is None
     other.close()
     off.close()
