@@ -8,6 +8,8 @@ cores).
 Every configuration runs `--warmup` untimed steps, then `--steps` timed ones; the median step time is reported, with
 ratios against "1 process, padded". Rounds alternate configurations so ratios compare runs seconds apart.
 Model: a llama of `--hidden` x `--layers` (vocab 19, the addition recipe's shape family).
+`--precisions fp32,bf16` adds bf16 compute (trainer.precision; on CPU its attention runs in float32:
+rlfleet/services/trainer/cpu_attention.py), `--processes 1` and `--layouts shared` narrow the grid.
 Run: python bench/trainer_step.py [--rounds 2] [--steps 5] [--hidden 256] [--layers 4] [--groups 8]
 The addition example's shape: --hidden 128 --layers 4 --groups 32 --min-len 10 --max-len 12 --prompt-len 7
 """
@@ -58,12 +60,13 @@ def make_batch(step: int, groups: int, min_len: int, max_len: int, prompt_len: i
     return buffer_pb2.Batch(step=step, samples=samples, group_ids=gids, complete=True)
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, layout: str, args: dict, out: str) -> None:
+def _worker(rank: int, world: int, port: int, model_dir: str, layout: str, precision: str, args: dict,
+            out: str) -> None:
     torch.set_num_threads(1)
     cfg = parse_config({
         "run": {"dir": str(Path(out).parent / "run")}, "model": {"path": model_dir},
         "rollout": {"data_source": "x:y", "reward_fn": "x:y", "group_size": GROUP},
-        "trainer": {"world_size": world, "groups_per_step": args["groups"], "lr": 1e-4,
+        "trainer": {"world_size": world, "groups_per_step": args["groups"], "lr": 1e-4, "precision": precision,
                     "packing": {"enabled": layout == "packed", "max_tokens": args["pack_tokens"]}},
         "perf": {"shared_prompt": layout == "shared"},
     })
@@ -103,13 +106,17 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--pack-tokens", type=int, default=512)
     p.add_argument("--prompt-len", type=int, default=0, help="0: 4-11 tokens, drawn per group")
+    p.add_argument("--processes", default="1,2")
+    p.add_argument("--layouts", default="padded,packed,shared")
+    p.add_argument("--precisions", default="fp32")
     ns = p.parse_args()
     args = vars(ns)
     from examples.addition.model import build_random_model
 
-    layouts = ("padded", "packed", "shared")
-    configs = [(w, lay) for w in (1, 2) for lay in layouts]
-    results: dict[tuple[int, str], list[float]] = {c: [] for c in configs}
+    layouts = ns.layouts.split(",")
+    configs = [(w, lay, prec) for w in map(int, ns.processes.split(",")) for lay in layouts
+               for prec in ns.precisions.split(",")]
+    results: dict[tuple[int, str, str], list[float]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         build_random_model(model_dir, seed=0, hidden=ns.hidden, layers=ns.layers)
@@ -118,24 +125,18 @@ def main() -> None:
         print(f"model: llama hidden={ns.hidden} layers={ns.layers} ({params / 1e6:.2f}M params); batch: "
               f"{ns.groups}x{GROUP} samples of {ns.min_len}-{ns.max_len} tokens; {ns.steps} timed steps per config")
         for r in range(ns.rounds):
-            for world, layout in configs:
-                out = Path(tmp) / f"t{r}-{world}-{layout}.json"
-                mp.spawn(_worker, args=(world, free_ports(1)[0], str(model_dir), layout, args, str(out)), nprocs=world,
-                         join=True)
-                results[(world, layout)].extend(json.loads(out.read_text()))
-    base = statistics.median(results[(1, "padded")])
-    print(f"{'processes':>9} {'rows':>8} {'median step s':>14} {'vs 1 proc padded':>17}")
-    for world, layout in configs:
-        med = statistics.median(results[(world, layout)])
-        print(f"{world:>9} {layout:>8} {med:>14.3f} {base / med:>16.2f}x")
-    for world in (1, 2):
-        padded = statistics.median(results[(world, "padded")])
-        for layout in ("packed", "shared"):
-            ratio = padded / statistics.median(results[(world, layout)])
-            print(f"{layout} vs padded on {world} process(es): {ratio:.2f}x")
-    for layout in layouts:
-        ratio = statistics.median(results[(1, layout)]) / statistics.median(results[(2, layout)])
-        print(f"2 vs 1 processes ({layout}): {ratio:.2f}x")
+            for world, layout, prec in configs:
+                out = Path(tmp) / f"t{r}-{world}-{layout}-{prec}.json"
+                mp.spawn(_worker, args=(world, free_ports(1)[0], str(model_dir), layout, prec, args, str(out)),
+                         nprocs=world, join=True)
+                results[(world, layout, prec)].extend(json.loads(out.read_text()))
+    base_key = configs[0]
+    base = statistics.median(results[base_key])
+    first = "vs " + " ".join(map(str, base_key))
+    print(f"{'processes':>9} {'rows':>8} {'precision':>9} {'median step s':>14} {first:>20}")
+    for key in configs:
+        med = statistics.median(results[key])
+        print(f"{key[0]:>9} {key[1]:>8} {key[2]:>9} {med:>14.3f} {base / med:>19.2f}x")
 
 
 if __name__ == "__main__":

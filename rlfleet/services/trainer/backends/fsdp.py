@@ -34,6 +34,7 @@ from rlfleet.services.trainer.algorithms import needs_critic, needs_teacher
 from rlfleet.services.trainer.aux_models import FrozenScorer
 from rlfleet.services.trainer.backends.shard_loading import build_meta_model, files_name_every_parameter, load_shards
 from rlfleet.services.trainer.batch import forward_logprobs
+from rlfleet.services.trainer.cpu_attention import use_fp32_attention
 from rlfleet.services.trainer.critic import Critic
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.lora import apply_lora, is_adapter
@@ -123,6 +124,8 @@ class FsdpBackend:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.mesh = init_device_mesh(device.type, (world_size,))
         self.compute_dtype = compute_dtype(t.precision, device)
+        if self.compute_dtype != torch.float32 and device.type == "cpu" and not t.on_policy:
+            use_fp32_attention(model)           # bf16 matmuls, float32 attention (cpu_attention.py)
         self.model = self._shard(model)
         if self.loaded_by_shards:
             load_shards(self.model, cfg.model_path, rank, world_size, device)
