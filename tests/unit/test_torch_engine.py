@@ -233,3 +233,35 @@ def test_call_runs_on_the_engine_thread_between_steps(engine: TorchEngine) -> No
     engine.shutdown()
     with pytest.raises(EngineError, match="shut down"):
         engine.call(lambda: None)
+
+
+def test_finished_rows_leave_the_decode_buffers_in_one_copy(model_dir: Path) -> None:
+    """FastDecoder.select keeps exactly the rows and columns kv_cache.select keeps, compacting each layer's buffer
+    (spare columns included) so the next decode step appends in place; with many spare columns it slices instead."""
+    import copy
+
+    from rlfleet.services.rollout.engines import kv_cache
+    from rlfleet.services.rollout.engines.fast_decode import FastDecoder
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    with torch.inference_mode():
+        for room, one_copy in ((4, True), (64, False)):
+            dec = FastDecoder(model)
+            prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[5]]
+            cache, mask, logits = dec.prefill(prompts, torch.tensor([0, 1, 2, 2]), room)   # 4 rows, 3 prompts
+            last, pos = logits.argmax(-1), mask.sum(1)
+            for _ in range(2):                                                          # two decode steps
+                mask = torch.cat([mask, mask.new_ones(4, 1)], dim=1)
+                last, pos = dec.decode(cache, last, pos, mask, room).argmax(-1), pos + 1
+            rows = torch.tensor([1, 3])                 # rows 0 and 2 finish; both kept rows have no left padding
+            expected = copy.deepcopy(cache)
+            want_mask = kv_cache.select(expected, mask, rows)
+            got_mask = dec.select(cache, mask, rows)
+            assert torch.equal(got_mask, want_mask)
+            for got, want in zip(cache.layers, expected.layers, strict=True):
+                assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
+            before = [kb.data_ptr() for kb, _ in dec._buffers.values()]
+            mask = torch.cat([got_mask, got_mask.new_ones(2, 1)], dim=1)
+            dec.decode(cache, last[rows], pos[rows], mask, room)
+            in_place = [kb.data_ptr() for kb, _ in dec._buffers.values()] == before
+            assert in_place == one_copy, room

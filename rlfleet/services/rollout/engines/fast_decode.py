@@ -11,9 +11,12 @@ On small models a decode step is per-op overhead, on larger ones it is matmuls; 
   [B, Hkv, L, Dh], two matmuls and a softmax for the one query per row;
 - RMSNorm as one fused op (fp32; other dtypes keep HF's cast order), the residual adds folded into the output
   matmuls (addmm).
-Each layer's keys/values live in a buffer with room for `SLACK` more columns: appending writes one column in place and
-the DynamicLayer's keys/values become a view of it, so `kv_cache.merge/select` keep working unchanged (they make
-fresh tensors; the next append re-buffers them).
+Each layer's keys/values live in a buffer with room for more columns (`room`: the most tokens a running request may
+still add, at most SLACK): appending writes one column in place and the DynamicLayer's keys/values become a view of
+it, so `kv_cache.merge` keeps working unchanged (it makes fresh tensors; the next append re-buffers them). Rows that
+finish leave through `select`: one `index_select` of each layer's whole buffer (its spare columns included), where
+`kv_cache.select` copied the rows and the next append copied them again into a new buffer; it falls back to that
+when the spare columns would make the one copy larger than the two (a long generation early on).
 
 `supports(model)` says whether a model qualifies (no MoE, full attention, silu MLP, plain RMSNorm, linear
 projections, none tied). Optional `torch.compile` of the per-layer step (`compile=True`; off by default) is kept
@@ -29,12 +32,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
+from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
 from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters
 from rlfleet.services.rollout.engines.llama_ops import Rotary, norm, residual_linear
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
-SLACK = 64                     # spare cache columns allocated per re-buffering
+SLACK = 64                     # most spare cache columns allocated per re-buffering
 
 
 def supports(model: nn.Module) -> bool:
@@ -106,9 +110,10 @@ class FastDecoder:
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}     # layer -> (keys, values) buffers
         self._layer: Callable[..., torch.Tensor] = torch.compile(_layer, dynamic=True) if compile else _layer
 
-    def _room(self, i: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Buffers [B, Hkv, C, Dh] with C > L whose first L columns are the layer's cache (copied when the cache is
-        not already a view of this layer's buffers with a free column)."""
+    def _room(self, i: int, keys: torch.Tensor, values: torch.Tensor, room: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Buffers [B, Hkv, C, Dh] with C > L whose first L columns are the layer's cache (copied into buffers of
+        L + room columns when the cache is not already a view of this layer's buffers with a free column)."""
         held = self._buffers.get(i)
         b, hk, length, d = keys.shape
         if held is not None:
@@ -116,18 +121,18 @@ class FastDecoder:
             if kb.shape[0] == b and kb.shape[2] > length and keys.data_ptr() == kb.data_ptr() and \
                     values.data_ptr() == vb.data_ptr() and keys.stride() == kb.stride():
                 return kb, vb
-        kb = keys.new_empty(b, hk, length + SLACK, d)
-        vb = values.new_empty(b, hk, length + SLACK, d)
+        kb = keys.new_empty(b, hk, length + room, d)
+        vb = values.new_empty(b, hk, length + room, d)
         kb[:, :, :length] = keys
         vb[:, :, :length] = values
         self._buffers[i] = (kb, vb)
         return kb, vb
 
-    def prefill(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor
+    def prefill(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, room: int = SLACK
                 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
         """Prefill U distinct prompts for N requests (rows [N]: the prompt of each) with fast_prefill's packed step.
 
-        Returns (cache whose layers are views of this decoder's slack buffers [N, Hkv, P + SLACK, Dh], mask [N, P],
+        Returns (cache whose layers are views of this decoder's slack buffers [N, Hkv, P + room, Dh], mask [N, P],
         logits [N, V] of each prompt's last token)."""
         weight = self.inner.embed_tokens.weight
         packed = pack(prompts, weight.dtype, weight.device)
@@ -136,7 +141,7 @@ class FastDecoder:
         cos, sin = self.rotary(packed.pos)                                              # [T, H+Hkv, Dh]
         cache = DynamicCache(config=self.model.config)
         for i, (p, cl) in enumerate(zip(self.params, cache.layers, strict=True)):
-            kb = weight.new_empty(n, self.kv_heads, width + SLACK, self.head_dim)
+            kb = weight.new_empty(n, self.kv_heads, width + room, self.head_dim)
             vb = torch.empty_like(kb)
             x = prefill_layer(x, p, packed, cos, sin, kb, vb, rows, self.heads, self.kv_heads, self.head_dim,
                               self.eps)
@@ -146,16 +151,38 @@ class FastDecoder:
         x = norm(x.index_select(0, packed.last), self.inner.norm.weight, self.inner.norm.variance_epsilon)  # [U, D]
         return cache, packed.mask[rows], self.model.lm_head(x)[rows]                    # logits: [N, V]
 
-    def decode(self, cache: DynamicCache, last: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def decode(self, cache: DynamicCache, last: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+               room: int = SLACK) -> torch.Tensor:
         x = self.inner.embed_tokens(last)                                                # [B, D]
         cos, sin = self.rotary(pos)                                                      # [B, H+Hkv, Dh]
         attn_mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
             mask == 0, float("-inf"))[:, None, None, :]                                 # [B, 1, 1, L+1]
         for i, (p, cl) in enumerate(zip(self.params, cache.layers, strict=True)):
             length = cl.keys.shape[2]
-            kb, vb = self._room(i, cl.keys, cl.values)
+            kb, vb = self._room(i, cl.keys, cl.values, room)
             x = self._layer(x, cos, sin, attn_mask, kb, vb, length, p, self.heads, self.kv_heads, self.head_dim,
                             self.eps)
             cl.keys, cl.values = kb[:, :, :length + 1], vb[:, :, :length + 1]
         x = norm(x, self.inner.norm.weight, self.inner.norm.variance_epsilon)
         return self.model.lm_head(x)                                                      # [B, V]
+
+    def select(self, cache: DynamicCache, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """kv_cache.select (keep `rows` [R], drop columns that became all padding; returns the mask [R, L']), each
+        layer whose cache is a view of its buffers compacted by one copy of the buffers' rows, spare columns
+        included, when that copies at most twice the cache's columns (kv_cache.select's copy plus the re-buffering
+        copy at the next append)."""
+        mask = mask[rows]
+        start = kv_cache.first_real_column(mask)
+        for i, cl in enumerate(cache.layers):
+            held = self._buffers.get(i)
+            keys, values = cl.keys, cl.values
+            length = keys.shape[2]
+            if held is not None and keys.data_ptr() == held[0].data_ptr() and keys.stride() == held[0].stride() \
+                    and values.data_ptr() == held[1].data_ptr() and held[0].shape[2] - start <= 2 * (length - start):
+                kb = held[0].index_select(0, rows)[:, :, start:]                           # [R, Hkv, C', Dh]
+                vb = held[1].index_select(0, rows)[:, :, start:]
+                self._buffers[i] = (kb, vb)
+                cl.keys, cl.values = kb[:, :, :length - start], vb[:, :, :length - start]
+            else:
+                cl.keys, cl.values = keys[rows, :, start:], values[rows, :, start:]
+        return mask[:, start:]

@@ -43,14 +43,19 @@ def merge(a: DynamicCache, mask_a: torch.Tensor, b: DynamicCache, mask_b: torch.
     return a, mask
 
 
+def first_real_column(mask: torch.Tensor) -> int:
+    """The first column of mask [R, L] that holds a real token in some row (L if none does)."""
+    real = mask.any(dim=0).nonzero()
+    return int(real[0]) if real.numel() else mask.shape[1]
+
+
 def select(cache: DynamicCache, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Keep only `rows` ([R] int64) of the cache (in place) and drop the columns that became all padding.
 
     Returns the new mask [R, L'].
     """
     mask = mask[rows]
-    real = mask.any(dim=0).nonzero()
-    start = int(real[0]) if real.numel() else mask.shape[1]
+    start = first_real_column(mask)
     for layer in _layers(cache):
         layer.keys = layer.keys[rows, :, start:]
         layer.values = layer.values[rows, :, start:]

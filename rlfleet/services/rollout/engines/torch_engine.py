@@ -37,7 +37,7 @@ from rlfleet.batch_invariant import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
-from rlfleet.services.rollout.engines.fast_decode import FastDecoder, supports
+from rlfleet.services.rollout.engines.fast_decode import SLACK, FastDecoder, supports
 from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
 from rlfleet.services.rollout.engines.sampling import RowSampling, choose_tokens
 from rlfleet.services.rollout.engines.weights import check_update, load_safetensors_folder
@@ -284,7 +284,9 @@ class TorchEngine:
         self._running = [self._running[i] for i in keep]
         if keep:
             idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-            self._mask = kv_cache.select(self._cache, self._mask, idx)
+            assert self._cache is not None
+            self._mask = self._fast.select(self._cache, self._mask, idx) if self._fast is not None else \
+                kv_cache.select(self._cache, self._mask, idx)
             self._pos, self._last = self._pos[idx], self._last[idx]
         else:
             self._cache = None
@@ -374,7 +376,8 @@ class TorchEngine:
         of_row = [unique.setdefault(tuple(r.input_ids), len(unique)) for r in reqs]           # [N] -> unique row
         prompts = list(unique)
         if self._fast is not None:                   # packed prompts, cache written straight into decode buffers
-            cache, mask, logits = self._fast.prefill(prompts, torch.tensor(of_row, device=self.device))
+            cache, mask, logits = self._fast.prefill(prompts, torch.tensor(of_row, device=self.device),
+                                                     self._spare_columns(reqs))
             self._admit(reqs, cache, mask)
             self._accept(logits, first=len(self._running) - len(reqs))
             return
@@ -415,7 +418,8 @@ class TorchEngine:
         b = len(self._running)
         self._mask = torch.cat([self._mask, self._mask.new_ones(b, 1)], dim=1)  # [B, L+1]
         if self._fast is not None:
-            logits = self._fast.decode(self._cache, self._last, self._pos, self._mask)   # [B, V]
+            logits = self._fast.decode(self._cache, self._last, self._pos, self._mask,
+                                       self._spare_columns(self._running))            # [B, V]
             self._pos = self._pos + 1
             self._accept(logits, first=0)
             return
@@ -425,6 +429,12 @@ class TorchEngine:
         self._pos = self._pos + 1
         routes = self._routes.take(b, 1)[:, 0] if self._routes else None       # [B, layers, K]
         self._accept(out.logits[:, -1], first=0, routes=routes)                 # logits: [B, V]
+
+    @staticmethod
+    def _spare_columns(reqs: Sequence[_Request]) -> int:
+        """Cache columns to allocate past the current ones: the most tokens any of reqs may still add (each adds
+        one a step), at most fast_decode.SLACK."""
+        return max(1, min(SLACK, max((r.sampling.max_new_tokens - len(r.output_ids) for r in reqs), default=1)))
 
     def _accept(self, logits: torch.Tensor, first: int, routes: torch.Tensor | None = None) -> None:
         """logits: [R, V] for running rows first..first+R-1. Choose tokens, finish requests, drop their rows.
