@@ -141,6 +141,7 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...")
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--work", default=None, help="folder for warm starts and runs (default: a temp folder)")
+    p.add_argument("--trl-bf16", action="store_true", help="also run TRL with bf16=True on the CPU")
     a = p.parse_args()
     small = a.model == "addition"
     a.steps = a.steps or (150 if small else 8)
