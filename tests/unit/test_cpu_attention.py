@@ -41,13 +41,14 @@ def test_attention_runs_in_float32_on_bf16_inputs_and_its_gradients_follow(tiny_
     out.float().pow(2).sum().backward()
     mine = [t.grad for t in leaves]
     ref_leaves = [t.detach().clone().requires_grad_() for t in leaves]
-    ref = float32_reference(*ref_leaves, allowed, scale)
+    ref = float32_reference(ref_leaves[0], ref_leaves[1], ref_leaves[2], allowed, scale)
     ref.float().pow(2).sum().backward()
     assert torch.equal(out, ref)                                # float32 attention rounded once to bf16
     for got, want in zip(mine, (t.grad for t in ref_leaves), strict=True):
         assert got is not None and want is not None and got.dtype == torch.bfloat16 and torch.equal(got, want)
     # what it replaces differs: bf16 attention rounds inside the kernel (a check that the test can tell them apart)
-    bf16 = F.scaled_dot_product_attention(*(t.detach() for t in leaves), attn_mask=allowed, scale=scale)
+    q, k, v = (t.detach() for t in leaves)
+    bf16 = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     assert not torch.equal(bf16.transpose(1, 2), ref)
 
 

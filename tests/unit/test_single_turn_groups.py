@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -12,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from rlfleet.protocols import GroupTicket, Prompt, SamplingParams
+from rlfleet.protocols import GroupTicket, Prompt, RolloutContext, SamplingParams
 from rlfleet.rewards.scorer import Scorer
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.context import ServiceContext
@@ -20,6 +21,7 @@ from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.rollout_fns import single_turn
 from rlfleet.services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2
+from tests.support.engine_context import EngineContext
 
 torch.set_num_threads(1)
 SETTINGS = WorkSettings(replica_id="r0", run_id="run", claim_groups=8)
@@ -124,14 +126,14 @@ def test_a_cancelled_groups_requests_are_aborted_and_its_samples_put_aborted(tin
     loop.close()
 
 
-def test_other_rollout_functions_and_the_off_switch_keep_a_thread_per_group(tiny_engine: TorchEngine,
-                                                                            tiny_model_dir: Path) -> None:
-    def mine(ctx: object, prompt: Prompt, ticket: GroupTicket) -> list[Sample]:
-        return []
+def test_other_rollout_functions_and_the_off_switch_keep_a_thread_per_group(tiny_engine: TorchEngine) -> None:
+    def mine(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
+        yield from single_turn(ctx, prompt, ticket)
 
+    ctx = EngineContext(tiny_engine)
     with grpc.insecure_channel("127.0.0.1:1") as ch:
-        other = WorkLoop(ch, tiny_engine, object(), PROMPTS, mine, SETTINGS, threading.Event())
-        off = WorkLoop(ch, tiny_engine, object(), PROMPTS, single_turn, SETTINGS, threading.Event(), collector=False)
+        other = WorkLoop(ch, tiny_engine, ctx, PROMPTS, mine, SETTINGS, threading.Event())
+        off = WorkLoop(ch, tiny_engine, ctx, PROMPTS, single_turn, SETTINGS, threading.Event(), collector=False)
     assert other._collector is None and off._collector is None
     other.close()
     off.close()
