@@ -62,7 +62,7 @@ class SingleTurnGroups:
         self._thread = threading.Thread(target=self._collect, name="collector", daemon=True)
         self._thread.start()
 
-    def start(self, ticket: GroupTicket, gctx: GroupContext, done: Future[None]) -> StartedGroup:
+    def start(self, ticket: GroupTicket, gctx: GroupContext, done: Future[None]) -> None:
         group = StartedGroup(ticket, gctx, done)
         try:
             group.prompt = self._data[ticket.prompt_index]
@@ -73,11 +73,10 @@ class SingleTurnGroups:
             gctx.abort()                    # the requests it did submit
             group.error = f"rollout_fn raised {type(exc).__name__}: {exc}"
             self._queue.put(group)
-            return group
+            return
         group._left = len(group.requests)
         for request in group.requests:
             request.add_done_callback(partial(self._count_down, group))
-        return group
 
     def close(self) -> None:
         self._queue.put(None)

@@ -179,6 +179,30 @@ def _outcomes(reply: buffer_pb2.PutReply, n: int) -> list[str]:
     return [CANCELLED if reply.cancelled else DUPLICATE] * n
 
 
+class _PutBatches:
+    """Samples held for a Put with their serialized bytes; put (`emit`) whenever they reach PUT_BATCH_BYTES, and by
+    flush(). Each sample is serialized once, as it is added."""
+
+    def __init__(self, emit: Callable[[Sequence[Sample], Sequence[bytes]], list[str]]) -> None:
+        self._emit = emit
+        self._held: list[Sample] = []
+        self._raw: list[bytes] = []
+        self._bytes = 0
+
+    def add(self, sample: Sample) -> None:
+        encoded = sample.to_proto().SerializeToString()
+        self._held.append(sample)
+        self._raw.append(encoded)
+        self._bytes += len(encoded)
+        if self._bytes >= PUT_BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Put what is held (nothing when empty); it is let go once the Put returned."""
+        self._emit(self._held, self._raw)
+        self._held, self._raw, self._bytes = [], [], 0
+
+
 class WorkLoop:
     def __init__(self, channel: grpc.Channel, engine: Engine, ctx: RolloutContext, data: DataSource,
                  rollout_fn: RolloutFn, settings: WorkSettings, stop: threading.Event,
@@ -338,18 +362,10 @@ class WorkLoop:
         """The collector's completed groups: their samples in shared Puts (of at most PUT_BATCH_BYTES), FAILED
         placeholders for a group that could not start, then their claim slots freed."""
         try:
-            held: list[Sample] = []
-            raw: list[bytes] = []
-            raw_bytes = 0
+            batches = _PutBatches(self._emit)
             for sample in (s for g in groups for s in g.samples):
-                encoded = self._stamped(sample).to_proto().SerializeToString()
-                if held and raw_bytes + len(encoded) > PUT_BATCH_BYTES:
-                    self._emit(held, raw)
-                    held, raw, raw_bytes = [], [], 0
-                held.append(sample)
-                raw.append(encoded)
-                raw_bytes += len(encoded)
-            self._emit(held, raw)
+                batches.add(self._stamped(sample))
+            batches.flush()
             for g in groups:
                 if g.error is None:
                     continue
@@ -378,25 +394,16 @@ class WorkLoop:
         gctx = GroupContext(self._ctx, self._engine, ticket.group_id)
         with self._lock:
             self._groups[ticket.group_id] = gctx
-        held: list[Sample] = []         # yielded, not yet put: a group is put together (it is ready only whole)
-        raw: list[bytes] = []           # their serialized bytes
-        raw_bytes = 0
+        batches = _PutBatches(self._emit)   # yielded, not yet put: a group is put together (it is ready only whole)
         try:
             prompt = self._data[ticket.prompt_index]
             for sample in iter_samples(self._fn(gctx, prompt, ticket)):
-                encoded = self._stamped(sample).to_proto().SerializeToString()
                 delivered.add(sample.index)
-                held.append(sample)
-                raw.append(encoded)
-                raw_bytes += len(encoded)
-                if raw_bytes >= PUT_BATCH_BYTES:
-                    self._emit(held, raw)
-                    held, raw, raw_bytes = [], [], 0
+                batches.add(self._stamped(sample))
             # DUPLICATE is not "group done": a re-issued group answers it for the indices its dead holder put.
-            self._emit(held, raw)
-            held, raw = [], []
+            batches.flush()
         except Exception as exc:  # noqa: BLE001 - a failing rollout function fails its group, not the replica
-            self._emit(held, raw)        # what it yielded before it raised
+            batches.flush()              # what it yielded before it raised
             if gctx.aborted:
                 log.info("group %s aborted (%s)", ticket.group_id, type(exc).__name__)
             else:

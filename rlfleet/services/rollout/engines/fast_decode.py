@@ -116,17 +116,21 @@ class FastDecoder:
         L + room columns when the cache is not already a view of this layer's buffers with a free column)."""
         held = self._buffers.get(i)
         b, hk, length, d = keys.shape
-        if held is not None:
-            kb, vb = held
-            if kb.shape[0] == b and kb.shape[2] > length and keys.data_ptr() == kb.data_ptr() and \
-                    values.data_ptr() == vb.data_ptr() and keys.stride() == kb.stride():
-                return kb, vb
+        if held is not None and held[0].shape[0] == b and held[0].shape[2] > length and \
+                self._in_buffers(i, keys, values):
+            return held
         kb = keys.new_empty(b, hk, length + room, d)
         vb = values.new_empty(b, hk, length + room, d)
         kb[:, :, :length] = keys
         vb[:, :, :length] = values
         self._buffers[i] = (kb, vb)
         return kb, vb
+
+    def _in_buffers(self, i: int, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """Whether layer i's cache keys/values are views of the start of its buffers."""
+        held = self._buffers.get(i)
+        return held is not None and keys.data_ptr() == held[0].data_ptr() and keys.stride() == held[0].stride() \
+            and values.data_ptr() == held[1].data_ptr()
 
     def prefill(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, room: int = SLACK
                 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
@@ -174,13 +178,12 @@ class FastDecoder:
         mask = mask[rows]
         start = kv_cache.first_real_column(mask)
         for i, cl in enumerate(cache.layers):
-            held = self._buffers.get(i)
             keys, values = cl.keys, cl.values
             length = keys.shape[2]
-            if held is not None and keys.data_ptr() == held[0].data_ptr() and keys.stride() == held[0].stride() \
-                    and values.data_ptr() == held[1].data_ptr() and held[0].shape[2] - start <= 2 * (length - start):
-                kb = held[0].index_select(0, rows)[:, :, start:]                           # [R, Hkv, C', Dh]
-                vb = held[1].index_select(0, rows)[:, :, start:]
+            if self._in_buffers(i, keys, values) and self._buffers[i][0].shape[2] - start <= 2 * (length - start):
+                kb_all, vb_all = self._buffers[i]
+                kb = kb_all.index_select(0, rows)[:, :, start:]                            # [R, Hkv, C', Dh]
+                vb = vb_all.index_select(0, rows)[:, :, start:]
                 self._buffers[i] = (kb, vb)
                 cl.keys, cl.values = kb[:, :, :length - start], vb[:, :, :length - start]
             else:
