@@ -327,6 +327,8 @@ class PerfConfig(Section):
                                           "group that does not fit is split, each part repeating the prompt.")
     fused_optimizer: bool = Field(True, description="Trainer: torch's fused AdamW kernel on CPU and CUDA (~3x "
                                   "faster optimizer step; rounding differs ~1e-8 from the per-tensor loop).")
+    trainer_fused_norm: bool = Field(True, description="FSDP trainer, float32 compute: RMSNorm as one fused op "
+                                     "(F.rms_norm; trainer/fused_norm.py), same math, rounding ~1e-7.")
     single_turn_collector: bool = Field(True, description="Rollout: the built-in single_turn runs every group on "
                                         "one collector thread, not a thread per group (same samples; "
                                         "services/rollout/single_turn_groups.py).")

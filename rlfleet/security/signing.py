@@ -33,6 +33,11 @@ class SignatureError(ValueError):
     """Unsigned, wrongly signed, or content that does not hash to what was signed."""
 
 
+# below this a tensor is hashed on the calling thread: handing small inputs to blake3's thread pool costs more than it
+# saves (the addition model's 38 tensors, 2.6 MB, on one Zen 4 core: 0.55 ms on one thread, 0.94 ms with AUTO)
+PARALLEL_HASH_BYTES = 1 << 20
+
+
 def tensor_blake3(t: torch.Tensor) -> str:
     """BLAKE3 of a tensor's raw bytes (contiguous, on CPU)."""
     import torch
@@ -42,7 +47,8 @@ def tensor_blake3(t: torch.Tensor) -> str:
         t = t.cpu()
     t = t.contiguous().reshape(-1)
     data = memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else b""
-    return blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+    threads = blake3.blake3.AUTO if len(data) >= PARALLEL_HASH_BYTES else 1
+    return blake3.blake3(data, max_threads=threads).hexdigest()
 
 
 def file_blake3(path: Path) -> str:

@@ -1,7 +1,8 @@
-"""What a 2-process FSDP2 trainer publishes from its sharded state -- each parameter all-gathered only when the
-sender reaches it -- is exactly what the whole-model gather (full_state_dict) gives: the same names in the same
-order, dtypes, shapes and bytes, staged into the same buckets. For an untied and a tied model, LoRA (adapters
-only) and activation checkpointing, each after a real RL step so master weights and publish dtype differ."""
+"""What a 2-process (and a 1-process) FSDP2 trainer publishes from its sharded state -- each parameter
+all-gathered only when the sender reaches it -- is exactly what the whole-model gather (full_state_dict) gives: the
+same names in the same order, dtypes, shapes and bytes, staged into the same buckets. For an untied and a tied
+model, LoRA (adapters only) and activation checkpointing, each after a real RL step so master weights and publish
+dtype differ."""
 
 from __future__ import annotations
 
@@ -106,12 +107,15 @@ def _worker(rank: int, world: int, port: int, models: dict[str, str], run_dir: s
 
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module", params=[2, 1], ids=["2_ranks", "1_rank"])
+def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """world 2: each parameter all-gathered as the sender reaches it; world 1 (a one-device mesh): copied from the
+    local shard, which is the whole tensor, without a collective."""
+    world = int(request.param)
     tmp = tmp_path_factory.mktemp("sharded_publish")
     tied = make_tiny_model(tmp / "tied")
     models = {v: str(tied) for v in VARIANTS} | {"untied": str(make_untied_model(tmp / "untied"))}
-    mp.spawn(_worker, args=(2, free_ports(1)[0], models, str(tmp / "run"), str(tmp)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(world, free_ports(1)[0], models, str(tmp / "run"), str(tmp)), nprocs=world, join=True)
     return json.loads((tmp / "report.json").read_text())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +13,8 @@ import torch
 from rlfleet.rpc import Server, channel
 from rlfleet.services.weight_sync.transports import get_receiver
 from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, WeightTransferError, fetch
-from rlfleet.services.weight_sync.transports.bucketed.receiver import receive
+from rlfleet.services.weight_sync.transports.bucketed import sender as bucketed_sender
+from rlfleet.services.weight_sync.transports.bucketed.receiver import StreamReceiver, receive
 from rlfleet.services.weight_sync.transports.layout import layout_of
 from rlfleet.services.weight_sync.transports.manifest import manifest_digest, manifest_pairs, tensor_bytes
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
@@ -94,6 +96,36 @@ def test_replicas_fetch_the_same_version_concurrently(sender: BucketedSender) ->
         results = list(pool.map(lambda r: fetch(manifest, TOKEN, 30.0, f"r{r}"), range(3)))
     for got in results:
         assert_bit_identical(sent, got)
+
+
+def _peers(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The client address (host:ephemeral port) of every Fetch the sender streamed, from its debug log."""
+    return [r.getMessage().rsplit(" at ", 1)[1] for r in caplog.records if r.getMessage().startswith("streaming")]
+
+
+def test_a_replica_keeps_one_connection_from_version_to_version(sender: BucketedSender,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=bucketed_sender.__name__)
+    receiver = StreamReceiver()
+    try:
+        manifests = [sender.stage(v, v, named_tensors(v)) for v in (1, 2, 3)]     # keeps 2: version 1 is gone
+        for v, manifest in zip((2, 3, 2), manifests[1:] + manifests[1:2], strict=True):
+            assert_bit_identical(named_tensors(v), receiver.fetch(manifest, TOKEN, 10.0, "replica-0"))
+        kept = _peers(caplog)
+        caplog.clear()
+        with pytest.raises(WeightTransferError, match="NOT_FOUND"):      # a failed fetch drops the connection
+            receiver.fetch(manifests[0], TOKEN, 10.0, "replica-0")
+        assert_bit_identical(named_tensors(3), receiver.fetch(sender.stage(3, 3, named_tensors(3)), TOKEN, 10.0))
+        after_failure = _peers(caplog)
+    finally:
+        receiver.close()
+    caplog.clear()
+    for v in (4, 5):                                                     # the stateless fetch: one connection each
+        fetch(sender.stage(v, v, named_tensors(v)), TOKEN, 10.0)
+    stateless = _peers(caplog)
+    assert len(kept) == 3 and len(set(kept)) == 1
+    assert len(after_failure) == 1 and after_failure[0] not in kept          # (a refused Fetch logs nothing)
+    assert len(stateless) == 2 and len(set(stateless)) == 2
 
 
 def test_version_of_only_empty_tensors_has_no_buckets(sender: BucketedSender) -> None:

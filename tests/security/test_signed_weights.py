@@ -119,6 +119,7 @@ def broadcast(tmp: Path, engine: DictEngine) -> Iterator[tuple[Callable, Fetch]]
         yield sender.stage, receiver.fetch
     finally:
         sender.close()
+        receiver.close()
         plane.close()
 
 

@@ -58,9 +58,11 @@ def test_the_publisher_and_the_replica_take_their_halves_from_the_registry(tmp_p
             return [("w", torch.zeros(2))]
 
     receivers = TransportReceivers(Holder(), "r0", None, ("bucketed", "disk_delta", "broadcast", "nixl"))
-    assert set(receivers.receivers) == {"disk_delta"}        # bucketed is stateless; the others need the control plane
+    assert set(receivers.receivers) == {"bucketed", "disk_delta"}   # the others need the control plane
     assert isinstance(receivers.receivers["disk_delta"], DeltaReceiver)
-    assert receivers("bucketed") is bucketed.fetch
+    assert isinstance(receivers.receivers["bucketed"], bucketed.StreamReceiver)    # keeps its channel
+    assert receivers("bucketed") == receivers.receivers["bucketed"].fetch
+    assert TransportReceivers(Holder(), "r0", None, ("disk_delta",))("bucketed") is bucketed.fetch   # not set up
     with pytest.raises(ValueError, match="needs a replica-side receiver"):
         receivers("nixl")
     receivers.close()

@@ -127,8 +127,9 @@ class RolloutReplica:
         self.ws_channel = ws_channel = channel(cfg.endpoints.weight_sync, args.token)
         self.buffer_channel = channel(cfg.endpoints.buffer, args.token)
         ws_stub = weight_sync_pb2_grpc.WeightSyncStub(ws_channel)
-        if receivers is default_receivers and cfg.weight_sync.transport != "bucketed":
-            receivers = transport_receivers(cfg, engine, replica_id, ws_channel)
+        self.receivers = transport_receivers(cfg, engine, replica_id, ws_channel) \
+            if receivers is default_receivers else None
+        receivers = self.receivers if self.receivers is not None else receivers
         updater = WeightUpdater(engine, replica_id, args.token, cfg.weight_sync.update_timeout, receivers=receivers,
                                 ack=lambda r: ws_stub.Ack(r, timeout=30.0), pause_mode=cfg.weight_sync.pause_mode,
                                 verifier=weight_verifier(cfg.security))
@@ -211,6 +212,8 @@ class RolloutReplica:
         self.server.stop(grace=1.0)
         if self.http is not None:
             self.http.stop()
+        if self.receivers is not None:
+            self.receivers.close()
         self.ws_channel.close()
         self.buffer_channel.close()
 
@@ -239,6 +242,8 @@ def transport_receivers(cfg: Config, engine: Engine, replica_id: str, ws_channel
     wanted: tuple[str, ...] = (transport,)
     if transport == "auto":
         wanted = ("broadcast", "disk_delta") + (("nixl",) if importlib.util.find_spec("nixl") else ())
+    if "bucketed" not in wanted:                # the broadcast transport's gRPC fallback arrives as bucketed
+        wanted += ("bucketed",)
     capacity = staging_capacity(engine, int(cfg.weight_sync.bucket_mb * 2**20)) if "nixl" in wanted else 0
     return TransportReceivers(engine, replica_id, ws_channel, wanted, capacity_bytes=capacity,
                               device=cfg.rollout.device, join_seconds=cfg.weight_sync.join_seconds)

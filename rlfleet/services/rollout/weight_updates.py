@@ -191,7 +191,7 @@ class TransportReceivers:
         self.receivers: dict[str, Receiver] = {}
         for name in transports:
             plug = transport(name)
-            if plug.fetch is not None or (plug.needs_control and control is None):
+            if plug.needs_control and control is None:
                 continue
             self.receivers[name] = plug.make_receiver(setup)
 

@@ -36,6 +36,7 @@ from rlfleet.services.trainer.backends.shard_loading import build_meta_model, fi
 from rlfleet.services.trainer.batch import forward_logprobs
 from rlfleet.services.trainer.cpu_attention import use_fp32_attention
 from rlfleet.services.trainer.critic import Critic
+from rlfleet.services.trainer.fused_norm import fuse_rms_norms
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.lora import apply_lora, is_adapter
 from rlfleet.services.trainer.optimizer import adamw
@@ -126,6 +127,8 @@ class FsdpBackend:
         self.compute_dtype = compute_dtype(t.precision, device)
         if self.compute_dtype != torch.float32 and device.type == "cpu" and not t.on_policy:
             use_fp32_attention(model)           # bf16 matmuls, float32 attention (cpu_attention.py)
+        if self.compute_dtype == torch.float32 and cfg.perf.trainer_fused_norm and not t.on_policy:
+            fuse_rms_norms(model)               # one op per RMSNorm (fused_norm.py); before FSDP wraps the layers
         self.model = self._shard(model)
         if self.loaded_by_shards:
             load_shards(self.model, cfg.model_path, rank, world_size, device)
@@ -152,6 +155,8 @@ class FsdpBackend:
                              fused=cfg.perf.fused_optimizer) \
             if needs_critic(t) else None
         self._trained_ids: list[str] = []         # sample ids trained on since the last checkpoint (this rank)
+        self._publish_names: list[str] | None = None
+        self._aliases: dict[str, str] | None = None
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 per decoder layer, then the whole model; bf16 compute with fp32 master weights when enabled."""
@@ -219,17 +224,23 @@ class FsdpBackend:
     def sharded_state(self) -> ShardedState:
         """What a publish sends, gathered one parameter at a time as a sender reaches it (iterate on every rank
         together): the same names, dtypes and values as full_state_dict(), without the whole model on rank 0."""
-        aliases = tied_aliases(self.model)                 # tied weights are sent once (rlfleet/tied.py)
-        names = [k for k in self.model.state_dict() if k not in aliases and
-                 (not self.cfg.trainer.lora.rank or is_adapter(k))]
-        return ShardedState(self.model, self.publish_dtype, names)
+        if self._publish_names is None:                   # the model's structure is fixed: worked out once
+            aliases = self._tied_aliases()                 # tied weights are sent once (rlfleet/tied.py)
+            self._publish_names = [k for k in self.model.state_dict() if k not in aliases and
+                                   (not self.cfg.trainer.lora.rank or is_adapter(k))]
+        return ShardedState(self.model, self.publish_dtype, self._publish_names)
+
+    def _tied_aliases(self) -> dict[str, str]:
+        if self._aliases is None:
+            self._aliases = tied_aliases(self.model)
+        return self._aliases
 
     def publish_state(self) -> ShardedState:
         return self.sharded_state()
 
     def publish_options(self) -> dict[str, str]:
         """Manifest options of a publish: the tied aliases not sent (their source tensor is)."""
-        aliases = {a: s for a, s in tied_aliases(self.model).items()
+        aliases = {a: s for a, s in self._tied_aliases().items()
                    if not self.cfg.trainer.lora.rank or is_adapter(a)}
         return {TIED_OPTION: encode_aliases(aliases)} if aliases else {}
 

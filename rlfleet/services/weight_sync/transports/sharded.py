@@ -23,8 +23,13 @@ def _publish_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 
 def _gathered(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """The full tensor of one (possibly sharded) state-dict entry in the publish dtype: an all-gather of it alone."""
+    """The full tensor of one (possibly sharded) state-dict entry in the publish dtype: an all-gather of it alone.
+    On a one-device mesh the local tensor is the whole tensor: copied without a collective (a copy, as a gather
+    gives, so nothing handed to a sender aliases a parameter the next optimizer step changes)."""
     t = t.detach()
+    if isinstance(t, DTensor) and t.device_mesh.size() == 1:
+        local = t.to_local()
+        return local.to(_publish_dtype(local, dtype), copy=True)
     full = t.full_tensor() if isinstance(t, DTensor) else t
     return full.to(_publish_dtype(full, dtype))
 
@@ -34,26 +39,23 @@ class ShardedState:
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None,
                  names: Iterable[str] | None = None) -> None:
-        self._model = model
         self._dtype = dtype
-        state = model.state_dict()
+        self._state = model.state_dict()          # detached views of the parameters: read once per publish
         keep = set(names) if names is not None else None
-        self._names = [n for n in state if keep is None or n in keep]
+        self._names = [n for n in self._state if keep is None or n in keep]
 
     @property
     def specs(self) -> list[TensorSpec]:
-        state = self._model.state_dict()
         out = []
         for n in self._names:
-            t = state[n]
+            t = self._state[n]
             dt = _publish_dtype(t, self._dtype)
             out.append(TensorSpec(n, dtype_name(dt), tuple(t.shape), math.prod(t.shape) * dt.itemsize))
         return out
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        state = self._model.state_dict()
         for n in self._names:
-            yield n, _gathered(state[n], self._dtype)     # the frame keeps no reference to a yielded tensor
+            yield n, _gathered(self._state[n], self._dtype)     # the frame keeps no reference to a yielded tensor
 
     def drain(self) -> None:
         """Take part in every gather without keeping anything (trainer ranks that send nothing)."""

@@ -145,7 +145,8 @@ class _WeightStreamServicer(weight_sync_pb2_grpc.WeightStreamServicer):
         if staged is None:
             context.abort(grpc.StatusCode.NOT_FOUND,
                           f"weight version {request.version} is not staged here (staged: {self._sender._versions()})")
-        log.debug("streaming version %d to %s", request.version, request.replica_id or context.peer())
+        log.debug("streaming version %d to %s at %s", request.version, request.replica_id or "a caller",
+                  context.peer())
         assert staged is not None                          # context.abort raised otherwise
         try:
             yield from stream_buckets(staged, self._sender.chunk_bytes, self._sender._closed)
