@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import grpc
 
 from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config, ConfigError, dump_config
-from rlfleet.placement import plan, thread_env
+from rlfleet.placement import thread_env
 from rlfleet.plugins import load_callable
 from rlfleet.ports import free_ports
 from rlfleet.preflight import check_run
@@ -32,6 +31,7 @@ from rlfleet.scaling import ReplicaStatus, read_request, write_status
 from rlfleet.security.credentials import load_credential
 from rlfleet.security.run_material import child_identity_env, prepare_security
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
+from rlfleet.warm_interpreters import WarmInterpreters, placements, service_env
 
 log = logging.getLogger("rlfleet.launcher")
 
@@ -121,7 +121,8 @@ class LocalRun:
     buffer to re-queue the groups it held, so none is lost. Any other service that dies stops the run.
     """
 
-    def __init__(self, cfg: Config, config_path: Path, max_replica_restarts: int = MAX_REPLICA_RESTARTS) -> None:
+    def __init__(self, cfg: Config, config_path: Path, max_replica_restarts: int = MAX_REPLICA_RESTARTS,
+                 warm: WarmInterpreters | None = None) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.run_dir = cfg.run_dir
@@ -132,22 +133,19 @@ class LocalRun:
         self.next_replica = cfg.rollout.replicas          # index of the next replica `rlfleet scale` adds
         self.scale_request = ""                           # id of the scale request carried out last
         self._specs: dict[str, tuple[str, list[str], dict[str, str] | None]] = {}
-        self.env = dict(os.environ)
-        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p)
-        self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.env.setdefault("HF_HUB_OFFLINE", "1")        # model.path is a local folder: never wait on a hub
+        self.env = service_env()
         self.operator = load_credential(cfg.security, "operator", name="operator")   # the launcher's own identity
-        self.placement = plan(sorted(os.sched_getaffinity(0)), cfg.trainer.world_size, cfg.rollout.replicas,
-                              overlap=cfg.buffer.max_staleness >= 1, cfg=cfg.placement,
-                              trainer_threads=cfg.trainer.threads)
+        self.placement = placements(cfg)
+        self.warm = warm                                  # interpreters started early, taken by _start
 
     def _start(self, name: str, module: str, extra: list[str], extra_env: dict[str, str] | None = None) -> Child:
         args = ["-m", module, "--config", str(self.config_path), *extra]
         # replicas added by `rlfleet scale` share the first replica's cores
         place = self.placement.get(name) or self.placement["rollout-0"]
         env = {**self.env, **thread_env(place), **(extra_env or {}), **child_identity_env(self.cfg, name)}
-        child = Child(name, args, self.run_dir / "logs" / f"{name}.log", env,
-                      cpus=place.cpus if self.cfg.placement.pin else None)
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        warm = self.warm.take(name, module, place, args[2:], env, log_path) if self.warm else None
+        child = Child(name, args, log_path, env, cpus=place.cpus if self.cfg.placement.pin else None, proc=warm)
         self.children.append(child)
         self._specs[name] = (module, extra, extra_env)
         return child
@@ -323,12 +321,22 @@ class LocalRun:
 
 
 def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) -> RunResult:
-    check_run(cfg)
-    resolved = prepare_model(resolve(cfg, fresh=fresh, resume=resume))
-    resolved = with_endpoints(resolved)
-    config_path = resolved.run_dir / "config.resolved.yaml"
-    dump_config(resolved, config_path)
-    local = LocalRun(resolved, config_path)
+    # the trainer ranks' and replicas' interpreters import while the launcher checks and prepares
+    # (rlfleet/warm_interpreters.py); every one not taken by the services' start ends with the preflight's failure
+    warm = WarmInterpreters(cfg)
+    try:
+        check_run(cfg, trainer_check=warm.check_trainer)
+        resolved = prepare_model(resolve(cfg, fresh=fresh, resume=resume))
+        resolved = with_endpoints(resolved)
+        config_path = resolved.run_dir / "config.resolved.yaml"
+        dump_config(resolved, config_path)
+        return _run(resolved, config_path, source, warm)
+    finally:
+        warm.close()
+
+
+def _run(resolved: Config, config_path: Path, source: Path, warm: WarmInterpreters) -> RunResult:
+    local = LocalRun(resolved, config_path, warm=warm)
     progress = Progress(resolved.trainer.steps)
     tail = MetricsTail(resolved.run_dir / "metrics" / "trainer.jsonl")
     started = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 from rlfleet.config import Config
 from rlfleet.plugins import PluginError, load_callable, load_hooks
@@ -85,17 +86,30 @@ def finish_algorithm_check(proc: subprocess.Popen[str], cfg: Config) -> None:
         raise PluginError(f"trainer: {err.splitlines()[-1] if err else 'refused'}")
 
 
-def check_run(cfg: Config) -> None:
-    """Everything `rlfleet run` needs before it starts services; raises PluginError naming the first problem."""
+def check_run(cfg: Config, trainer_check: Callable[[str], str | None] | None = None) -> None:
+    """Everything `rlfleet run` needs before it starts services; raises PluginError naming the first problem.
+
+    trainer_check: asks an interpreter that has the trainer's modules imported already (a warm trainer,
+    rlfleet/warm_interpreters.py) for the algorithm check: the reason, "" when it passes, None when it cannot answer
+    (then a child process checks, as without it)."""
     use_plugin_import_path()
-    algorithm = start_algorithm_check()
+    algorithm = start_algorithm_check() if trainer_check is None else None
     try:
         check_model(cfg)
         check_plugins(cfg)
     except BaseException:
-        algorithm.kill()
-        algorithm.communicate()
+        if algorithm is not None:
+            algorithm.kill()
+            algorithm.communicate()
         raise
+    if algorithm is None:
+        assert trainer_check is not None
+        reason = trainer_check(cfg.trainer.model_dump_json())
+        if reason:
+            raise PluginError(f"trainer: {reason}")
+        if reason is not None:
+            return
+        algorithm = start_algorithm_check()
     finish_algorithm_check(algorithm, cfg)
 
 

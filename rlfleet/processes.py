@@ -17,16 +17,18 @@ class Child:
     """One service process with its log file."""
 
     def __init__(self, name: str, args: Sequence[str], log_path: Path, env: dict[str, str],
-                 cpus: Sequence[int] | None = None) -> None:
+                 cpus: Sequence[int] | None = None, proc: subprocess.Popen | None = None) -> None:
+        """Starts `python ARGS...`, or adopts `proc`: a warm interpreter already told to become this service and
+        to log to log_path (rlfleet/warm_interpreters.py), started with the same wrapper and session."""
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         # own session (Ctrl-C reaches only the launcher), SIGTERM when the launcher dies, pinned to `cpus`: set by
         # rlfleet.exec_child after the fork, not by a preexec_fn in this gRPC-threaded process (see there)
-        self.proc = subprocess.Popen(wrap([sys.executable, *args], parent=os.getpid(), cpus=cpus),
-                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)
+        self.proc = proc or subprocess.Popen(wrap([sys.executable, *args], parent=os.getpid(), cpus=cpus),
+                                             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env, start_new_session=True)
 
     @property
     def returncode(self) -> int | None:

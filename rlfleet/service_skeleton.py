@@ -70,6 +70,8 @@ class ServiceSpec:
     exit_at_once: frozenset[int] = frozenset()           # codes that end with os._exit: no joining stuck threads
     label: Callable[[ServiceArgs], str] | None = None    # the stderr prefix when it is more than the name
     before_args: Callable[[list[str] | None], int | None] | None = None   # runs first; an int ends the process
+    warm: tuple[str, ...] = ()      # what an interpreter started early imports before it is told to start
+                                    # (rlfleet/warm_interpreter.py): the service's heavy imports
 
 
 def bind_address(endpoint_field: str, endpoint: str, listen: str | None) -> str:

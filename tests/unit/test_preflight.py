@@ -5,6 +5,7 @@ input gets a short error naming its cause, and a refused run touches nothing in 
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -89,12 +90,31 @@ def test_empty_dataset_and_gguf_that_is_not_a_model(tmp_path: Path, model_dir: P
     assert code == 2 and "holds no weights" in err
 
 
-def test_a_refused_run_loses_nothing(tmp_path: Path, model_dir: Path) -> None:
-    config = write_case(tmp_path, model_dir, rollout__reward_fn="no_such_reward")
+def warm_interpreters_of_this_process() -> list[int]:
+    """Pids of this process's children that are still warm service interpreters (rlfleet/warm_interpreter.py)."""
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            ppid = int(next(x for x in status.read_text().splitlines() if x.startswith("PPid:")).split()[1])
+            cmd = (status.parent / "cmdline").read_bytes()
+        except (OSError, StopIteration, ValueError):
+            continue
+        if ppid == os.getpid() and b"rlfleet.warm_interpreter" in cmd:
+            out.append(int(status.parent.name))
+    return out
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"rollout__reward_fn": "no_such_reward"}, "no_such_reward"),                 # refused by the launcher
+    ({"trainer__loss": "no_such_loss"}, "trainer: loss 'no_such_loss'"),        # refused by the warm trainer
+])
+def test_a_refused_run_loses_nothing(tmp_path: Path, model_dir: Path, changes: dict, expected: str) -> None:
+    config = write_case(tmp_path, model_dir, **changes)
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "step_3").mkdir(parents=True)
     (run_dir / "checkpoints" / "step_3" / "meta.json").write_text(json.dumps({"step": 3}))
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
-    with pytest.raises(PluginError, match="no_such_reward"):
+    with pytest.raises(PluginError, match=expected):
         run(load_config(config), config, fresh=True)             # even --fresh: refused before anything is deleted
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert warm_interpreters_of_this_process() == []            # the interpreters started early are gone

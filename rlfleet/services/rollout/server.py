@@ -226,7 +226,8 @@ SPEC = ServiceSpec(
     extra_args=((("--replica-index",), {"type": int, "required": True,
                                         "help": "which endpoints.rollout entry is ours"}),
                 (("--replica-id",), {"default": None,
-                                     "help": "name in the buffer and weight sync (default rollout-I)"})))
+                                     "help": "name in the buffer and weight sync (default rollout-I)"})),
+    warm=("rlfleet.services.rollout.engines.torch_engine", "transformers.modeling_utils"))
 
 
 def _grpc_endpoint(cfg: Config, index: int, listen: str | None) -> str:

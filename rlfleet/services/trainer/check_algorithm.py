@@ -12,11 +12,20 @@ from rlfleet.config import TrainerConfig
 from rlfleet.services.trainer.algorithms import resolve
 
 
-def main() -> int:
+def check(section: str) -> str:
+    """The one-line reason a trainer section (JSON) is refused, "" when its names resolve. Also asked of a warm
+    trainer interpreter (rlfleet/warm_interpreter.py) by `rlfleet run`."""
     try:
-        resolve(TrainerConfig.model_validate(json.load(sys.stdin)))
+        resolve(TrainerConfig.model_validate(json.loads(section)))
     except Exception as exc:  # noqa: BLE001 - any refusal becomes the one-line reason check prints
-        print(" ".join(str(exc).split()) or type(exc).__name__, file=sys.stderr)
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return ""
+
+
+def main() -> int:
+    reason = check(sys.stdin.read())
+    if reason:
+        print(reason, file=sys.stderr)
         return 2
     return 0
 

@@ -73,4 +73,6 @@ class TrainerRank:
 
 
 SPEC = ServiceSpec(name="trainer", start=TrainerRank, signals=(), before_args=pod_of_ranks,
-                   label=lambda args: f"trainer rank {rank_and_world()[0]}")
+                   label=lambda args: f"trainer rank {rank_and_world()[0]}",
+                   warm=("rlfleet.services.trainer.check_algorithm", "rlfleet.services.trainer.service",
+                         "rlfleet.services.trainer.backends.fsdp"))
