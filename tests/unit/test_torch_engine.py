@@ -265,3 +265,25 @@ def test_finished_rows_leave_the_decode_buffers_in_one_copy(model_dir: Path) -> 
             dec.decode(cache, last[rows], pos[rows], mask, room)
             in_place = [kb.data_ptr() for kb, _ in dec._buffers.values()] == before
             assert in_place == one_copy, room
+
+
+def test_a_held_burst_waits_whole_while_running_rows_go_on(model_dir: Path) -> None:
+    eng = TorchEngine(model_dir, max_batch_size=8)
+    try:
+        greedy = SamplingParams(temperature=0, max_new_tokens=4)
+        alone = [eng.submit(p, greedy).result(timeout=60).output_ids for p in PROMPTS[:3]]
+        long = eng.submit(PROMPTS[0], SamplingParams(temperature=0, max_new_tokens=3000))     # greedy: no EOS
+        while eng.stats().running == 0:
+            time.sleep(0.01)
+        with eng.admission_held():
+            with eng.admission_held():                       # nested: only the outermost release admits
+                burst = [eng.submit(p, greedy) for p in PROMPTS[:3]]
+            tokens = eng.stats().generated_tokens
+            time.sleep(0.3)
+            held = eng.stats()
+            assert held.waiting == 3 and not any(f.done() for f in burst)
+            assert held.generated_tokens > tokens and not long.done()     # the running row kept decoding
+        assert [f.result(timeout=60).output_ids for f in burst] == alone     # the same ids as unheld
+        eng.abort_in_flight()
+    finally:
+        eng.shutdown()

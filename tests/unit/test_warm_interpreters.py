@@ -23,8 +23,8 @@ from rlfleet.service_skeleton import Outcome, ServiceSpec
 
 class Service:
     def __init__(self, args):
-        out = {"argv": sys.argv[1:], "marker": os.environ.get("WARM_TEST_MARKER"), "heavy": "{pkg}.heavy" in sys.modules,
-               "config_run_dir": str(args.config.run_dir)}
+        out = {"argv": sys.argv[1:], "marker": os.environ.get("WARM_TEST_MARKER"),
+               "heavy": "{pkg}.heavy" in sys.modules, "config_run_dir": str(args.config.run_dir)}
         print("service started", flush=True)
         with open(os.environ["WARM_TEST_OUT"], "w") as f:
             json.dump(out, f)

@@ -23,7 +23,7 @@ from rlfleet.protocols import DataSource, GroupTicket, RolloutContext, RolloutFn
 from rlfleet.put_wire import RawPut, encode_put_request, raw_put
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.context import GroupContext
-from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.engines.base import Engine, admission_held
 from rlfleet.services.rollout.rollout_fns import single_turn
 from rlfleet.services.rollout.single_turn_groups import SingleTurnGroups, StartedGroup
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
@@ -259,8 +259,10 @@ class WorkLoop:
                 # the buffer already waited (or answered at once for staleness, which only new weights change):
                 # claim again when the engine loads a version, or after 50 ms
                 self._new_weights.wait(0.05)
-            for t in reply.tickets:
-                self._start(GroupTicket(group_id=t.group_id, prompt_index=t.prompt_index, group_size=t.group_size))
+            with admission_held(self._engine):       # a Claim's groups start in the engine together
+                for t in reply.tickets:
+                    self._start(GroupTicket(group_id=t.group_id, prompt_index=t.prompt_index,
+                                            group_size=t.group_size))
         return False
 
     def weights_changed(self) -> None:

@@ -10,6 +10,8 @@ import torch.distributed as dist
 
 def broadcast_bytes(data: bytes | None, device: torch.device, src: int = 0) -> bytes:
     """Send `data` from rank `src` to every rank as a uint8 tensor (length first). Other ranks pass None."""
+    if dist.get_world_size() == 1:                   # nobody to send to: no copy, no collective
+        return bytes(data or b"")
     is_src = dist.get_rank() == src
     size = torch.tensor([len(data) if is_src and data is not None else 0], dtype=torch.int64, device=device)
     dist.broadcast(size, src=src)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
@@ -93,6 +94,19 @@ class Pausable(Protocol):
     def resume(self) -> None: ...
 
     def abort_in_flight(self) -> int: ...
+
+
+@runtime_checkable
+class HoldsAdmission(Protocol):
+    """An engine that can hold back new requests while a burst is submitted (the torch engine): the requests
+    submitted inside `admission_held()` start together, in one prefill, when the outermost hold ends."""
+
+    def admission_held(self) -> AbstractContextManager[None]: ...
+
+
+def admission_held(engine: object) -> AbstractContextManager[None]:
+    """engine.admission_held() where the engine has it (HoldsAdmission), else a hold that does nothing."""
+    return engine.admission_held() if isinstance(engine, HoldsAdmission) else nullcontext()
 
 
 @runtime_checkable

@@ -22,8 +22,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,6 +109,7 @@ class TorchEngine:
         self._step_lock = threading.Lock()
         self._tasks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()   # work for the engine thread
         self._paused = False
+        self._holds = 0                              # admission_held() calls in progress
         self._stopped = False
         self._generated = 0
         self._finished = 0
@@ -208,6 +210,20 @@ class TorchEngine:
 
     def tied_aliases(self) -> dict[str, str]:
         return module_ties(self.model)
+
+    @contextmanager
+    def admission_held(self) -> Iterator[None]:
+        """Requests submitted inside are admitted together when the outermost hold ends: a burst (a Claim's groups)
+        becomes one packed prefill however long submitting it takes, where admission as they came prefilled the
+        first few after the settle window and merged the rest in one by one. Running rows keep decoding."""
+        with self._cv:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._holds -= 1
+                self._cv.notify_all()
 
     def pause(self) -> int:
         with self._cv:
@@ -322,7 +338,7 @@ class TorchEngine:
         while True:
             with self._cv:
                 while not self._stopped and not self._tasks and \
-                        (self._paused or not (self._waiting or self._running)):
+                        (self._paused or not ((self._waiting and not self._holds) or self._running)):
                     self._cv.wait()
                 if self._stopped:
                     tasks, self._tasks = list(self._tasks), deque()
@@ -339,9 +355,9 @@ class TorchEngine:
                 with self._cv:
                     if self._paused or self._stopped:    # pause() came between the check above and the lock
                         continue
-                    if self._waiting and not self._running:
+                    if self._waiting and not self._running and not self._holds:
                         self._settle()
-                    room = self.max_batch_size - len(self._running)
+                    room = 0 if self._holds else self.max_batch_size - len(self._running)
                     admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
                 try:
                     self._step(admitted)
