@@ -9,7 +9,7 @@ The trainer-0 interpreter answers the preflight's algorithm check (`check_traine
 LocalRun as the service's process; one whose placement no longer matches, or that died, is stopped and the service
 starts cold. `close` stops every interpreter not taken (SIGTERM: it has started nothing).
 
-Measured on the addition example (2 CPUs): start to first step 7.1 s -> see docs/architecture.md ("Start-up").
+Addition example on 2 CPUs, `rlfleet run` start to the first step record (4 runs each, alternated): 6.74 -> 5.08 s.
 """
 
 from __future__ import annotations
