@@ -7,7 +7,8 @@ imports MODULE's server (its ServiceSpec) and the spec's `warm` modules, then HI
 model's transformers module), and answers the launcher line by line, one JSON object a line on stdin:
 
 - {"check": MODULE, "input": TEXT}: `MODULE.check(TEXT)` (the trainer's algorithm check, so the preflight needs no
-  interpreter of its own); the reply is one line {"error": REASON} on stdout, "" when it passed;
+  interpreter of its own); the reply is one line {"error": REASON} on stdout, "" when it passed (what an import
+  prints to stdout goes to stderr instead, so it is never taken for a reply);
 - {"go": {"argv": [...], "env": {...}, "log": PATH}}: become the service: the environment replaced, stdout and
   stderr appended to the log, then exactly what `python -m MODULE ARGV...` runs (run_service of its spec);
 - end of input (the preflight failed, the launcher stopped, or it started this service cold): exit 0, having
@@ -25,12 +26,21 @@ import os
 import select
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 
-def _reply(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
+def _replies() -> IO[str]:
+    """The launcher's pipe for replies, taken off fd 1: anything an import prints to stdout goes to stderr (the
+    early log) and cannot be mistaken for a reply."""
     sys.stdout.flush()
+    pipe = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return pipe
+
+
+def _reply(replies: IO[str], message: dict[str, Any]) -> None:
+    replies.write(json.dumps(message) + "\n")
+    replies.flush()
 
 
 def _become(go: dict[str, Any]) -> list[str]:
@@ -74,8 +84,8 @@ class _Lines:
         return line.decode()
 
 
-def _answer(message: dict[str, Any]) -> None:
-    _reply({"error": importlib.import_module(message["check"]).check(message["input"])})
+def _answer(replies: IO[str], message: dict[str, Any]) -> None:
+    _reply(replies, {"error": importlib.import_module(message["check"]).check(message["input"])})
 
 
 def main(argv: Sequence[str]) -> int:
@@ -83,6 +93,7 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write("usage: python -m rlfleet.warm_interpreter MODULE [HINT ...]\n")
         return 2
     module, hints = argv[0], argv[1:]
+    replies = _replies()
     from rlfleet.process_exit import without_final_collection
     from rlfleet.service_skeleton import run_service
 
@@ -100,7 +111,7 @@ def main(argv: Sequence[str]) -> int:
                 break
             message = json.loads(line)
             if "check" in message:
-                _answer(message)
+                _answer(replies, message)
             else:
                 pending.append(message)
     while True:
@@ -108,8 +119,9 @@ def main(argv: Sequence[str]) -> int:
         if message is None:
             return 0                         # end of input, never told to go
         if "check" in message:
-            _answer(message)
+            _answer(replies, message)
         elif "go" in message:
+            replies.close()
             service_argv = _become(message["go"])
             sys.argv = [f"{module}/__main__.py", *service_argv]
             return without_final_collection(run_service(spec, service_argv))

@@ -46,7 +46,8 @@ def fake_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, 
     (tmp_path / pkg).mkdir()
     (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / pkg / "server.py").write_text(SERVER.replace("{pkg}", pkg))
-    (tmp_path / pkg / "heavy.py").write_text("import sys\nprint('heavy imported', file=sys.stderr)\n")
+    (tmp_path / pkg / "heavy.py").write_text("import sys\nprint('heavy imported', file=sys.stderr)\n"
+                                            "print('{\"error\": \"noise an import printed to stdout\"}')\n")
     (tmp_path / pkg / "check.py").write_text("def check(text):\n    return '' if text == 'fine' else 'bad: ' + text\n")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"run": {"dir": str(tmp_path / "run")}, "model": {"path": str(tmp_path)},
@@ -79,6 +80,7 @@ def test_it_answers_checks_then_becomes_the_service(fake_service: tuple[str, Pat
                     "config_run_dir": str(tmp_path / "run")}
     text = log.read_text()
     assert text.index("heavy imported") < text.index("service started")     # the import's output, then the service's
+    assert "noise an import printed to stdout" in text                       # in the log, never taken for a reply
 
 
 def test_one_not_taken_exits_having_started_nothing(fake_service: tuple[str, Path], tmp_path: Path) -> None:
