@@ -94,7 +94,7 @@ class WarmInterpreters:
 
     def __init__(self, cfg: Config, services: Sequence[tuple[str, str]] | None = None) -> None:
         """services: (name, module) to start; by default every trainer rank and rollout replica of cfg."""
-        self.pinned = cfg.placement.pin
+        pinned = cfg.placement.pin
         self._dir = Path(tempfile.mkdtemp(prefix="rlfleet-warm-"))
         self._warm: dict[str, _Warm] = {}
         places = placements(cfg)
@@ -109,7 +109,7 @@ class WarmInterpreters:
             with early.open("wb") as err:
                 proc = subprocess.Popen(
                     wrap([sys.executable, "-m", "rlfleet.warm_interpreter", module, *hints], parent=os.getpid(),
-                         cpus=place.cpus if self.pinned else None),
+                         cpus=place.cpus if pinned else None),
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
                     env={**env, **thread_env(place)}, start_new_session=True)
             self._warm[name] = _Warm(module, place, proc, early)

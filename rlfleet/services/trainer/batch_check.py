@@ -34,13 +34,18 @@ class BatchUnusable(Exception):
         super().__init__(f"step {step}: {len(groups)} unusable groups ({shown})")
 
 
+def _tokens(msg: sample_pb2.Sample) -> int:
+    """Prompt + response tokens of a sample (int32 ids on the wire)."""
+    return (len(msg.prompt_ids) + len(msg.response_ids)) // 4
+
+
 def sample_problem(msg: sample_pb2.Sample, limits: BatchLimits) -> str | None:
     """Why this trainer cannot train on the sample, or None."""
     try:
         validate_message(msg, SampleLimits(vocab_size=limits.vocab_size))
     except SampleError as exc:
         return str(exc)
-    n = (len(msg.prompt_ids) + len(msg.response_ids)) // 4
+    n = _tokens(msg)
     if limits.max_seq_len is not None and n > limits.max_seq_len:
         return f"{n} tokens (prompt + response), over trainer.max_seq_len {limits.max_seq_len}"
     return None
@@ -51,8 +56,8 @@ def check_batch(batch: buffer_pb2.Batch, limits: BatchLimits) -> None:
     A batch that passes whole (rlfleet.sample_batch_check: one numpy pass per field, as the buffer's Put checks)
     is not checked sample by sample: one by one it was ~3.5 ms of a 256-sample batch's fetch."""
     msgs = batch.samples
-    if first_invalid(msgs, SampleLimits(vocab_size=limits.vocab_size)) is None and (limits.max_seq_len is None or all(
-            (len(m.prompt_ids) + len(m.response_ids)) // 4 <= limits.max_seq_len for m in msgs)):
+    if first_invalid(msgs, SampleLimits(vocab_size=limits.vocab_size)) is None and (
+            limits.max_seq_len is None or all(_tokens(m) <= limits.max_seq_len for m in msgs)):
         return
     bad: dict[str, str] = {}
     for msg in batch.samples:

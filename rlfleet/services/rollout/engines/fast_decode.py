@@ -32,10 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
+from rlfleet.rms_norm import norm
 from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
 from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters
-from rlfleet.services.rollout.engines.llama_ops import Rotary, norm, residual_linear
+from rlfleet.services.rollout.engines.llama_ops import Rotary, residual_linear
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 SLACK = 64                     # most spare cache columns allocated per re-buffering

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlfleet.rms_norm import norm
 from rlfleet.services.rollout.engines.fused_params import LayerParams
-from rlfleet.services.rollout.engines.llama_ops import norm, residual_linear
+from rlfleet.services.rollout.engines.llama_ops import residual_linear
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The pieces of the lean Llama-family math that the decode step (fast_decode.py) and the packed prefill
-(fast_prefill.py) share: RMSNorm, a linear with its residual folded in, and rotary cos/sin by position."""
+(fast_prefill.py) share: a linear with its residual folded in, and rotary cos/sin by position (RMSNorm:
+rlfleet/rms_norm.py, shared with the trainer)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")     # inv_freq changes with the sequence length: no table
-
-
-def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim. fp32: one fused op; other dtypes: HF's order (normalise in fp32, cast, scale)."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
 
 
 def residual_linear(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +155,6 @@ class FsdpBackend:
                              fused=cfg.perf.fused_optimizer) \
             if needs_critic(t) else None
         self._trained_ids: list[str] = []         # sample ids trained on since the last checkpoint (this rank)
-        self._publish_names: list[str] | None = None
-        self._aliases: dict[str, str] | None = None
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 per decoder layer, then the whole model; bf16 compute with fp32 master weights when enabled."""
@@ -224,23 +222,24 @@ class FsdpBackend:
     def sharded_state(self) -> ShardedState:
         """What a publish sends, gathered one parameter at a time as a sender reaches it (iterate on every rank
         together): the same names, dtypes and values as full_state_dict(), without the whole model on rank 0."""
-        if self._publish_names is None:                   # the model's structure is fixed: worked out once
-            aliases = self._tied_aliases()                 # tied weights are sent once (rlfleet/tied.py)
-            self._publish_names = [k for k in self.model.state_dict() if k not in aliases and
-                                   (not self.cfg.trainer.lora.rank or is_adapter(k))]
         return ShardedState(self.model, self.publish_dtype, self._publish_names)
 
+    @cached_property
+    def _publish_names(self) -> list[str]:
+        """The model's structure is fixed: worked out at the first publish. Tied weights are sent once."""
+        return [k for k in self.model.state_dict() if k not in self._tied_aliases and
+                (not self.cfg.trainer.lora.rank or is_adapter(k))]
+
+    @cached_property
     def _tied_aliases(self) -> dict[str, str]:
-        if self._aliases is None:
-            self._aliases = tied_aliases(self.model)
-        return self._aliases
+        return tied_aliases(self.model)                    # rlfleet/tied.py
 
     def publish_state(self) -> ShardedState:
         return self.sharded_state()
 
     def publish_options(self) -> dict[str, str]:
         """Manifest options of a publish: the tied aliases not sent (their source tensor is)."""
-        aliases = {a: s for a, s in self._tied_aliases().items()
+        aliases = {a: s for a, s in self._tied_aliases.items()
                    if not self.cfg.trainer.lora.rank or is_adapter(a)}
         return {TIED_OPTION: encode_aliases(aliases)} if aliases else {}
 
