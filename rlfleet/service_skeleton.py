@@ -6,6 +6,7 @@ then does, for every service alike:
 
     parse args (--config, --listen, --metrics-port, the service's own) -> credential        bad: exit 2, one line
     spec.start(args): bind, Server, servicers, metrics, background loop                   StartError: its code
+    the heap so far frozen out of full garbage collections while it serves (rlfleet/gc_heap.py)
     SIGTERM / SIGINT (those the spec names) -> Service.signalled (one that came during start: once it returned)
     Service.serve(): serve / run the loop until done or signalled -> Outcome
     Service.close(): the ordered stop, always, also after an error
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 from rlfleet.config import ConfigError
 from rlfleet.exit_codes import DEVICE_FAULT, FAILED, OK, USAGE, is_device_fault
+from rlfleet.gc_heap import frozen_heap
 from rlfleet.service_main import ServiceArgs, listen_address, parse_service_args
 
 ExtraArg = tuple[tuple[str, ...], dict[str, Any]]      # argparse add_argument(*flags, **options)
@@ -119,12 +121,13 @@ def run_service(spec: ServiceSpec, argv: list[str] | None = None) -> int:
         service.signalled(number)
     failure: Exception | None = None
     outcome = Outcome(FAILED)
-    try:
-        outcome = service.serve()
-    except Exception as exc:  # noqa: BLE001 - reported after the ordered stop
-        failure = exc
-    finally:
-        service.close()
+    with frozen_heap():                    # what it built, out of full collections while it serves (gc_heap.py)
+        try:
+            outcome = service.serve()
+        except Exception as exc:  # noqa: BLE001 - reported after the ordered stop
+            failure = exc
+        finally:
+            service.close()
     if failure is not None:
         return _failed(log, label, failure)
     if outcome.reason:

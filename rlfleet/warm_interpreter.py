@@ -94,26 +94,28 @@ def main(argv: Sequence[str]) -> int:
         return 2
     module, hints = argv[0], argv[1:]
     replies = _replies()
+    from rlfleet.gc_heap import imported_heap_frozen
     from rlfleet.process_exit import without_final_collection
     from rlfleet.service_skeleton import run_service
 
-    spec = importlib.import_module(f"{module}.server").SPEC
     lines = _Lines()
     pending: list[dict[str, Any]] = []
-    for name in (*spec.warm, *hints):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001, S112 - a head start only: the service imports what it needs after "go"
-            continue
-        while lines.ready():                 # a check answered between imports, not after all of them
-            line = lines.next()
-            if line is None:                 # end of input: what came before it still counts ("go")
-                break
-            message = json.loads(line)
-            if "check" in message:
-                _answer(replies, message)
-            else:
-                pending.append(message)
+    with imported_heap_frozen():
+        spec = importlib.import_module(f"{module}.server").SPEC
+        for name in (*spec.warm, *hints):
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - a head start only: the service imports what it needs after "go"
+                continue
+            while lines.ready():                 # a check answered between imports, not after all of them
+                line = lines.next()
+                if line is None:                 # end of input: what came before it still counts ("go")
+                    break
+                message = json.loads(line)
+                if "check" in message:
+                    _answer(replies, message)
+                else:
+                    pending.append(message)
     while True:
         message = pending.pop(0) if pending else json.loads(lines.next() or "null")
         if message is None:

@@ -3,9 +3,11 @@ yields, put by the work loop; groups that cannot start; aborted groups; every cl
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -19,6 +21,7 @@ from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.context import ServiceContext
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.rollout_fns import single_turn
+from rlfleet.services.rollout.single_turn_groups import StartedGroup
 from rlfleet.services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2
 from tests.support.engine_context import EngineContext
@@ -137,3 +140,32 @@ def test_other_rollout_functions_and_the_off_switch_keep_a_thread_per_group(tiny
     assert other._collector is None and off._collector is None
     other.close()
     off.close()
+
+
+def test_a_finished_group_is_freed_by_reference_counting(tiny_engine: TorchEngine, tiny_model_dir: Path) -> None:
+    """Once put, a group, its engine futures and their generations are freed at once, not left as a reference cycle
+    for a full garbage collection to find (one held a replica's GIL ~0.2 s every ~2 s on the addition example)."""
+    stub, seen = RecordingStub(), list[Sample]()
+    loop, _ = collector_loop(tiny_engine, tiny_model_dir, PROMPTS, seen, stub)
+    assert loop._collector is not None
+    finish = loop._collector._finish
+    freed: list[weakref.ref[object]] = []
+
+    def recording(batch: Sequence[StartedGroup]) -> None:
+        freed.extend(weakref.ref(o) for g in batch for o in (g, *g.requests, *(r.result() for r in g.requests)))
+        finish(batch)
+
+    loop._collector._finish = recording
+    gc.disable()
+    try:
+        for i in range(4):
+            loop._start(GroupTicket(group_id=f"g{i}", prompt_index=i, group_size=3))
+        wait_idle(loop)
+        deadline = time.monotonic() + 10
+        while any(r() is not None for r in freed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(freed) == 4 * (1 + 3 + 3)
+        assert [r() for r in freed] == [None] * len(freed)
+    finally:
+        gc.enable()
+    loop.close()
