@@ -10,14 +10,14 @@ Importing torch, transformers and grpc fills the heap with objects that live as 
 
 `imported_heap_frozen` turns automatic collection off around the imports and then moves what they built to the
 permanent generation (`gc.freeze`), which collections skip; `frozen_heap` does the same for what the service built
-when it started (model, plugins, servers) while it serves, and gives the collector the whole heap back when the
-block ends. Full collections then walk only what was allocated since: 12-30 ms in the same replica.
+when it started (model, plugins, servers) while it serves. Full collections then walk only what was allocated
+since: 12-30 ms in the same replica.
 
 What it costs: cyclic garbage that exists when the heap is frozen stays in memory until `gc.unfreeze` (after the
 imports ~10k objects, a few MB; never the garbage made while serving). Objects freed by reference counting are freed
 as before. Use `imported_heap_frozen` only where the process is a service (`__main__`, the warm interpreter): a
 process that goes on after a service (a test calling `run_service` in-process) gets only `frozen_heap`, which
-unfreezes on the way out.
+unfreezes on the way out when it found nothing frozen.
 """
 
 from __future__ import annotations
@@ -44,9 +44,13 @@ def imported_heap_frozen() -> Iterator[None]:
 @contextmanager
 def frozen_heap() -> Iterator[None]:
     """Freeze what the collector tracks now for the length of the block (rlfleet.service_skeleton: a started
-    service's serve and close); unfrozen after."""
+    service's serve and close). Unfrozen after only where nothing was frozen before: a service process (its
+    imports frozen) stays frozen to its exit, where unfreezing would put the whole heap back in reach of one last
+    full collection; a process that ran the service in-process gets its collector back."""
+    unfreeze = gc.get_freeze_count() == 0
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if unfreeze:
+            gc.unfreeze()
