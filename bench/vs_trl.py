@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -140,7 +141,8 @@ def main() -> None:
     p.add_argument("--skip-trl", action="store_true")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...")
     p.add_argument("--gpu", action="store_true")
-    p.add_argument("--work", default=None, help="folder for warm starts and runs (default: a temp folder)")
+    p.add_argument("--work", default=None, help="folder for warm starts and runs, kept (default: a temp folder, "
+                   "removed at the end)")
     p.add_argument("--trl-bf16", action="store_true", help="also run TRL with bf16=True on the CPU")
     a = p.parse_args()
     small = a.model == "addition"
@@ -158,12 +160,21 @@ def main() -> None:
         variants.append((f"rlfleet[{name}]", overrides))
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        compare(a, variants, work)
+    finally:
+        if not a.work:                  # a temp folder: warm starts and trained models, ~4 GB for smollm2
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def compare(a: argparse.Namespace, variants: list[tuple[str, dict]], work: Path) -> None:
+    """Every run of every seed in `work`, then the table."""
     print(f"# {a.model}: {a.steps} steps x {a.groups} groups x {a.group_size}, {a.new_tokens} new tokens; "
           f"cpus {len(os.sched_getaffinity(0))}, load {os.getloadavg()[0]:.1f}; work {work}", flush=True)
     rows: list[dict] = []
     for seed in [int(s) for s in a.seeds.split(",")]:
         a.seed_now = seed
-        task = addition_task(seed, work) if small else smollm2_task(seed, work, a)
+        task = addition_task(seed, work) if a.model == "addition" else smollm2_task(seed, work, a)
         before = _evaluate(task, task["warm"], a)
         runs: list[tuple[str, dict | None]] = [] if a.skip_trl else [("trl", None)]
         runs += [("trl[bf16]", None)] if a.trl_bf16 else []

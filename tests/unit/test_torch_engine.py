@@ -246,7 +246,7 @@ def test_finished_rows_leave_the_decode_buffers_in_one_copy(model_dir: Path) -> 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     with torch.inference_mode():
         for room, one_copy in ((4, True), (64, False)):
-            dec = FastDecoder(model)
+            dec = FastDecoder(model, slack=room)
             prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[5]]
             cache, mask, logits = dec.prefill(prompts, torch.tensor([0, 1, 2, 2]), room)   # 4 rows, 3 prompts
             last, pos = logits.argmax(-1), mask.sum(1)
@@ -265,6 +265,46 @@ def test_finished_rows_leave_the_decode_buffers_in_one_copy(model_dir: Path) -> 
             dec.decode(cache, last[rows], pos[rows], mask, room)
             in_place = [kb.data_ptr() for kb, _ in dec._buffers.values()] == before
             assert in_place == one_copy, room
+
+
+def test_decode_with_a_few_spare_columns_matches_the_full_forward_through_many_re_bufferings(
+        model_dir: Path, hf: torch.nn.Module) -> None:
+    """On a CPU the decode buffers get only a few spare columns (fast_decode.cpu_slack), so a long generation
+    re-buffers every few steps, alternating between two reused storages per layer, while rows leave on the way.
+    Every step's logits equal a full forward over the whole sequence, and no layer ever holds more than two
+    storages."""
+    from rlfleet.services.rollout.engines.fast_decode import FastDecoder, cpu_slack
+
+    assert cpu_slack(head_dim=32, itemsize=4) == 4 and cpu_slack(64, 4) == 2 and cpu_slack(128, 4) == 1
+    assert cpu_slack(64, 2) == 4 and cpu_slack(256, 4) == 1
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[6]]
+    with torch.inference_mode():
+        dec = FastDecoder(model, slack=3)
+        cache, mask, logits = dec.prefill(prompts, torch.tensor([0, 1, 2]), 40)
+        assert all(kb.shape[2] == mask.shape[1] + 3 for kb, _ in dec._buffers.values())     # room capped at 3
+        seqs = [list(p) for p in prompts]
+        last, pos, alive = logits.argmax(-1), mask.sum(1), [0, 1, 2]
+        storages: list[set[int]] = [set() for _ in dec._buffers]          # per layer: the pool storages seen
+        rebuffers, held = [0] * len(dec._buffers), [kb.data_ptr() for kb, _ in dec._buffers.values()]
+        for step in range(30):
+            for r, tok in zip(alive, last.tolist(), strict=True):
+                seqs[r].append(tok)
+            if step == 12:                                      # the middle row finishes: it leaves the buffers
+                keep = torch.tensor([0, 2])
+                mask = dec.select(cache, mask, keep)
+                alive, last, pos = [0, 2], last[keep], pos[keep]
+            mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
+            logits = dec.decode(cache, last, pos, mask, 40)                                 # [B, V]
+            for i, (kb, _) in dec._buffers.items():
+                rebuffers[i] += kb.data_ptr() != held[i]
+                held[i] = kb.data_ptr()
+                storages[i].update(k.data_ptr() for k, _ in dec._pool.get(i, []))
+            for row, r in enumerate(alive):
+                want = hf(torch.tensor([seqs[r]])).logits[0, -1]                            # [V]
+                assert torch.allclose(logits[row], want, atol=1e-5, rtol=0), (step, r)
+            last, pos = logits.argmax(-1), pos + 1
+    assert min(rebuffers) >= 8 and [len(s) for s in storages] == [2] * len(storages), (rebuffers, storages)
 
 
 def test_a_held_burst_waits_whole_while_running_rows_go_on(model_dir: Path) -> None:

@@ -12,11 +12,12 @@ On small models a decode step is per-op overhead, on larger ones it is matmuls; 
 - RMSNorm as one fused op (fp32; other dtypes keep HF's cast order), the residual adds folded into the output
   matmuls (addmm).
 Each layer's keys/values live in a buffer with room for more columns (`room`: the most tokens a running request may
-still add, at most SLACK): appending writes one column in place and the DynamicLayer's keys/values become a view of
-it, so `kv_cache.merge` keeps working unchanged (it makes fresh tensors; the next append re-buffers them). Rows that
-finish leave through `select`: one `index_select` of each layer's whole buffer (its spare columns included), where
-`kv_cache.select` copied the rows and the next append copied them again into a new buffer; it falls back to that
-when the spare columns would make the one copy larger than the two (a long generation early on).
+still add, at most SLACK; on a CPU at most `cpu_slack`, a few columns, re-buffered into reused storage: see there):
+appending writes one column in place and the DynamicLayer's keys/values become a view of it, so `kv_cache.merge`
+keeps working unchanged (it makes fresh tensors; the next append re-buffers them). Rows that finish leave through
+`select`: one `index_select` of each layer's whole buffer (its spare columns included), where `kv_cache.select`
+copied the rows and the next append copied them again into a new buffer; it falls back to that when the spare
+columns would make the one copy larger than the two (a long generation early on).
 
 `supports(model)` says whether a model qualifies (no MoE, full attention, silu MLP, plain RMSNorm, linear
 projections, none tied). Optional `torch.compile` of the per-layer step (`compile=True`; off by default) is kept
@@ -40,6 +41,19 @@ from rlfleet.services.rollout.engines.llama_ops import Rotary, residual_linear
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 SLACK = 64                     # most spare cache columns allocated per re-buffering
+CPU_GAP_BYTES = 512            # CPU: spare columns per (row, head) block stay under this many bytes (see cpu_slack)
+
+
+def cpu_slack(head_dim: int, itemsize: int) -> int:
+    """Spare columns per re-buffering on a CPU: fewer than CPU_GAP_BYTES of unused cache between one (row, head)
+    block's last column and the next block's first.
+
+    Attention reads each block's first L+1 columns; the unused columns after them are a gap in an otherwise
+    sequential read, and a gap of 4 or more 128-byte rows makes the CPU's hardware prefetcher lose the stream: on
+    the Zen 4 here a [256 x 1 x 32] x [32 x 60] bmm over 8 such caches took 98-158 us a cache with gaps of up to 3
+    rows and 309-412 us with gaps of 4 to 16. Re-buffering every few steps (one copy of the cache) costs less than
+    reading it 2.5-3x slower twice a step. A GPU has no such cliff and keeps SLACK."""
+    return max(1, CPU_GAP_BYTES // (head_dim * itemsize))
 
 
 def supports(model: nn.Module) -> bool:
@@ -90,13 +104,20 @@ def _layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Te
     return residual_linear(x, F.silu(gu[:, :width]).mul_(gu[:, width:]), p.down, p.down_bias)
 
 
+def _within(view: torch.Tensor, flat: torch.Tensor) -> bool:
+    """Whether tensor `view` starts inside the 1-D tensor `flat`'s memory."""
+    start = flat.data_ptr()
+    return start <= view.data_ptr() < start + flat.numel() * flat.element_size()
+
+
 class FastDecoder:
     """decode(cache, last [B], pos [B], mask [B, L+1]) -> logits [B, V], with the cache extended by one column.
 
     Construction fuses the model's q/k/v and gate/up weights in place (fused_params.py); the model keeps working
-    through its own modules, on the same memory."""
+    through its own modules, on the same memory. `slack`: the most spare cache columns a re-buffering allocates
+    (default: SLACK, on a CPU `cpu_slack`)."""
 
-    def __init__(self, model: nn.Module, compile: bool = False) -> None:
+    def __init__(self, model: nn.Module, compile: bool = False, slack: int | None = None) -> None:
         cfg = model.config
         self.model = model
         self.inner = model.model
@@ -109,23 +130,47 @@ class FastDecoder:
         self.rotary = Rotary(self.inner.rotary_emb, self.heads, self.kv_heads, self.head_dim,
                               self.head_dim ** -0.5, weight.dtype, weight.device)
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}     # layer -> (keys, values) buffers
+        self._pool: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # layer -> flat storages (_storage)
+        on_cpu = weight.device.type == "cpu"
+        self.slack = slack or (cpu_slack(self.head_dim, weight.element_size()) if on_cpu else SLACK)
         self._layer: Callable[..., torch.Tensor] = torch.compile(_layer, dynamic=True) if compile else _layer
 
     def _room(self, i: int, keys: torch.Tensor, values: torch.Tensor, room: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Buffers [B, Hkv, C, Dh] with C > L whose first L columns are the layer's cache (copied into buffers of
         L + room columns when the cache is not already a view of this layer's buffers with a free column)."""
+        grow, room = room, min(room, self.slack)
         held = self._buffers.get(i)
         b, hk, length, d = keys.shape
         if held is not None and held[0].shape[0] == b and held[0].shape[2] > length and \
                 self._in_buffers(i, keys, values):
             return held
-        kb = keys.new_empty(b, hk, length + room, d)
-        vb = values.new_empty(b, hk, length + room, d)
+        kflat, vflat = self._storage(i, keys, values, b * hk * (length + room) * d, b * hk * (length + grow) * d)
+        kb = kflat[:b * hk * (length + room) * d].view(b, hk, length + room, d)
+        vb = vflat[:b * hk * (length + room) * d].view(b, hk, length + room, d)
         kb[:, :, :length] = keys
         vb[:, :, :length] = values
         self._buffers[i] = (kb, vb)
         return kb, vb
+
+    def _storage(self, i: int, keys: torch.Tensor, values: torch.Tensor, need: int, size: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat storage of at least `need` elements each for layer i's next keys and values buffers: one of the two
+        this layer re-buffered into last that the cache (keys, values) does not use, else new ones of `size`
+        elements (room for every column the running requests may still add, at most SLACK: reused to the end).
+        Fresh memory of this size comes from mmap and costs a page fault a 4 KiB page on its first write:
+        re-buffering every few columns into new memory made the copies slower than all the attention reads
+        (engine profile, addition model, 64 x 64 tokens: copy_ 117 ms vs bmm 49 ms; 51 ms with reuse). Only the
+        cache can hold views of these (the engine keeps no other reference to its tensors), so storage the cache
+        is not in is free. What it costs: each layer holds two storages the size one buffer had before the cap."""
+        pool = self._pool.setdefault(i, [])
+        for kflat, vflat in pool:
+            if kflat.numel() >= need and not _within(keys, kflat) and not _within(values, vflat):
+                return kflat, vflat
+        fresh = keys.new_empty(size), values.new_empty(size)
+        pool.append(fresh)
+        del pool[:-2]
+        return fresh
 
     def _in_buffers(self, i: int, keys: torch.Tensor, values: torch.Tensor) -> bool:
         """Whether layer i's cache keys/values are views of the start of its buffers."""
@@ -140,6 +185,7 @@ class FastDecoder:
         Returns (cache whose layers are views of this decoder's slack buffers [N, Hkv, P + room, Dh], mask [N, P],
         logits [N, V] of each prompt's last token)."""
         weight = self.inner.embed_tokens.weight
+        room = min(room, self.slack)
         packed = pack(prompts, weight.dtype, weight.device)
         n, width = rows.shape[0], packed.mask.shape[1]
         x = self.inner.embed_tokens(packed.ids)                                         # [T, D]
