@@ -145,9 +145,10 @@ class FastDecoder:
         if held is not None and held[0].shape[0] == b and held[0].shape[2] > length and \
                 self._in_buffers(i, keys, values):
             return held
-        kflat, vflat = self._storage(i, keys, values, b * hk * (length + room) * d, b * hk * (length + grow) * d)
-        kb = kflat[:b * hk * (length + room) * d].view(b, hk, length + room, d)
-        vb = vflat[:b * hk * (length + room) * d].view(b, hk, length + room, d)
+        shape = (b, hk, length + room, d)
+        need = b * hk * (length + room) * d
+        kflat, vflat = self._storage(i, keys, values, need, b * hk * (length + grow) * d)
+        kb, vb = kflat[:need].view(shape), vflat[:need].view(shape)
         kb[:, :, :length] = keys
         vb[:, :, :length] = values
         self._buffers[i] = (kb, vb)
