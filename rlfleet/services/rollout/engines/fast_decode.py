@@ -21,7 +21,8 @@ columns would make the one copy larger than the two (a long generation early on)
 
 `supports(model)` says whether a model qualifies (no MoE, full attention, silu MLP, plain RMSNorm, linear
 projections, none tied). Optional `torch.compile` of the per-layer step (`compile=True`; off by default) is kept
-off-switchable for callers that must run uncompiled. Prefill stays the HF forward.
+off-switchable for callers that must run uncompiled. Prefill is fast_prefill.py's packed step; the MLP block and
+the LM head of both run feature-major (llama_ops.py).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from rlfleet.rms_norm import norm
 from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
 from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters
-from rlfleet.services.rollout.engines.llama_ops import Rotary, residual_linear
+from rlfleet.services.rollout.engines.llama_ops import Rotary, lm_head, mlp_residual, residual_linear
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 SLACK = 64                     # most spare cache columns allocated per re-buffering
@@ -98,10 +99,7 @@ def _layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Te
     scores = torch.matmul(q, keys[:, :, :length + 1].transpose(2, 3)).add_(mask)    # [B, Hkv, rep, L+1]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     a = torch.matmul(probs, values[:, :, :length + 1]).view(b, heads * head_dim)    # [B, H·Dh]
-    x = residual_linear(x, a, p.o, p.o_bias)
-    gu = F.linear(norm(x, p.ln2, eps), p.gate_up, p.gate_up_bias)                   # [B, 2F]
-    width = gu.shape[1] // 2
-    return residual_linear(x, F.silu(gu[:, :width]).mul_(gu[:, width:]), p.down, p.down_bias)
+    return mlp_residual(residual_linear(x, a, p.o, p.o_bias), p, eps)
 
 
 def _within(view: torch.Tensor, flat: torch.Tensor) -> bool:
@@ -201,7 +199,7 @@ class FastDecoder:
             cl.keys, cl.values = kb[:, :, :width], vb[:, :, :width]
             self._buffers[i] = (kb, vb)
         x = norm(x.index_select(0, packed.last), self.inner.norm.weight, self.inner.norm.variance_epsilon)  # [U, D]
-        return cache, packed.mask[rows], self.model.lm_head(x)[rows]                    # logits: [N, V]
+        return cache, packed.mask[rows], lm_head(x, self.model.lm_head)[rows]             # logits: [N, V]
 
     def decode(self, cache: DynamicCache, last: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
                room: int = SLACK) -> torch.Tensor:
@@ -216,7 +214,7 @@ class FastDecoder:
                             self.eps)
             cl.keys, cl.values = kb[:, :, :length + 1], vb[:, :, :length + 1]
         x = norm(x, self.inner.norm.weight, self.inner.norm.variance_epsilon)
-        return self.model.lm_head(x)                                                      # [B, V]
+        return lm_head(x, self.model.lm_head)                                             # [B, V]
 
     def select(self, cache: DynamicCache, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """kv_cache.select (keep `rows` [R], drop columns that became all padding; returns the mask [R, L']), each

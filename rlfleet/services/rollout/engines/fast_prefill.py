@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from rlfleet.rms_norm import norm
 from rlfleet.services.rollout.engines.fused_params import LayerParams
-from rlfleet.services.rollout.engines.llama_ops import residual_linear
+from rlfleet.services.rollout.engines.llama_ops import mlp_residual, residual_linear
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,4 @@ def prefill_layer(x: torch.Tensor, p: LayerParams, packed: PackedPrompts, cos: t
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype).view(u, kv_heads, rep * width, width)
     a = torch.matmul(probs, v).view(u, kv_heads, rep, width, head_dim).permute(0, 3, 1, 2, 4)     # [U,P,Hkv,rep,Dh]
     a = a.reshape(u * width, heads * head_dim).index_select(0, packed.grid)             # [T, H·Dh]
-    x = residual_linear(x, a, p.o, p.o_bias)
-    gu = F.linear(norm(x, p.ln2, eps), p.gate_up, p.gate_up_bias)                       # [T, 2F]
-    half = gu.shape[1] // 2
-    return residual_linear(x, F.silu(gu[:, :half]).mul_(gu[:, half:]), p.down, p.down_bias)
+    return mlp_residual(residual_linear(x, a, p.o, p.o_bias), p, eps)

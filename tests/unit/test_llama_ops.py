@@ -1,0 +1,89 @@
+"""The lean Llama math's feature-major pieces (engines/llama_ops.py): the MLP block and the chunked LM head give the
+logits a plain row-major computation gives, checked against float64 references, and a decode step over a
+vocabulary of several LM-head chunks matches the HF forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlfleet.services.rollout.engines.fused_params import LayerParams
+from rlfleet.services.rollout.engines.llama_ops import LOGIT_CHUNK, lm_head, mlp_residual
+
+torch.set_num_threads(1)
+
+
+def _mlp_params(hidden: int, inner: int, bias: bool, seed: int) -> LayerParams:
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.1
+
+    return LayerParams(ln1=rand(hidden), qkv=rand(3 * hidden, hidden), qkv_bias=None, o=rand(hidden, hidden),
+                       o_bias=None, ln2=1 + rand(hidden), gate_up=rand(2 * inner, hidden),
+                       gate_up_bias=rand(2 * inner) if bias else None, down=rand(hidden, inner),
+                       down_bias=rand(hidden) if bias else None)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_mlp_block_equals_the_row_major_formula(bias: bool) -> None:
+    """x + down(silu(gate(n)) * up(n)), n = RMSNorm(x) * ln2, written out in float64 from the layer's weights."""
+    hidden, inner, eps = 48, 80, 1e-5
+    p = _mlp_params(hidden, inner, bias, seed=3)
+    x = torch.randn(7, hidden, generator=torch.Generator().manual_seed(4))               # [B, D]
+    d = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in vars(p).items()}
+    xd = x.double()
+    n = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * d["ln2"]
+    gate, up = n @ d["gate_up"][:inner].T, n @ d["gate_up"][inner:].T                    # [B, F] each
+    if bias:
+        gate, up = gate + d["gate_up_bias"][:inner], up + d["gate_up_bias"][inner:]
+    want = xd + (gate * torch.sigmoid(gate) * up) @ d["down"].T
+    if bias:
+        want = want + d["down_bias"]
+    got = mlp_residual(x, p, eps)
+    assert got.shape == (7, hidden) and got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_lm_head_gives_every_vocabulary_entry_including_the_last_partial_chunk(bias: bool) -> None:
+    vocab, hidden = 2 * LOGIT_CHUNK + 37, 24
+    head = nn.Linear(hidden, vocab, bias=bias)
+    x = torch.randn(5, hidden)                                                          # [B, D]
+    want = x.double() @ head.weight.double().T                                          # [B, V]
+    if bias:
+        want = want + head.bias.double()
+    with torch.no_grad():
+        got = lm_head(x, head)
+    assert got.shape == (5, vocab) and got.is_contiguous()
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=0)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_decode_over_several_lm_head_chunks_matches_the_hf_forward() -> None:
+    """A llama whose vocabulary spans three LM-head chunks: prefill and every decode step give the HF forward's
+    last-token logits over the whole sequence."""
+    from rlfleet.services.rollout.engines.fast_decode import FastDecoder
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=2 * LOGIT_CHUNK + 300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    prompts = [[1, 2000, 5, 2100], [1, 7, 1500]]
+    with torch.inference_mode():
+        dec = FastDecoder(model)
+        cache, mask, logits = dec.prefill(prompts, torch.tensor([0, 1]), 8)                 # [2, V]
+        seqs = [list(p) for p in prompts]
+        pos = mask.sum(1)
+        for _ in range(6):
+            for row, seq in enumerate(seqs):
+                want = model(torch.tensor([seq])).logits[0, -1]                             # [V]
+                assert torch.allclose(logits[row], want, atol=1e-5, rtol=0)
+            last = logits.argmax(-1)
+            for seq, tok in zip(seqs, last.tolist(), strict=True):
+                seq.append(tok)
+            mask = torch.cat([mask, mask.new_ones(2, 1)], dim=1)
+            logits = dec.decode(cache, last, pos, mask, 8)
+            pos = pos + 1
