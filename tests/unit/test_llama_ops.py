@@ -87,3 +87,17 @@ def test_decode_over_several_lm_head_chunks_matches_the_hf_forward() -> None:
             mask = torch.cat([mask, mask.new_ones(2, 1)], dim=1)
             logits = dec.decode(cache, last, pos, mask, 8)
             pos = pos + 1
+
+
+def test_a_head_that_is_not_a_plain_linear_is_called_as_it_is() -> None:
+    """A wrapped or subclassed head (an adapter, a scale) keeps its own forward: its extra term is not dropped."""
+
+    class ScaledHead(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    head = ScaledHead(16, 3 * LOGIT_CHUNK, bias=False)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        got = lm_head(x, head)
+    assert torch.allclose(got.double(), 2 * (x.double() @ head.weight.double().T), atol=1e-5, rtol=0)

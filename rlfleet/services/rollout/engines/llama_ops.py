@@ -47,11 +47,12 @@ def mlp_residual(x: torch.Tensor, p: LayerParams, eps: float) -> torch.Tensor:
     return residual_linear(x, hidden.t(), p.down, p.down_bias)
 
 
-def lm_head(x: torch.Tensor, head: nn.Linear) -> torch.Tensor:
-    """head(x): logits [B, V] contiguous, for x [B, D]. On a CPU by LOGIT_CHUNK-row feature-major blocks."""
+def lm_head(x: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    """head(x): logits [B, V] contiguous, for x [B, D]. On a CPU by LOGIT_CHUNK-row feature-major blocks when the
+    head is a plain nn.Linear (any other module is called as it is)."""
+    if type(head) is not nn.Linear or x.device.type != "cpu" or head.weight.shape[0] <= LOGIT_CHUNK:
+        return head(x)
     weight, bias = head.weight, head.bias
-    if x.device.type != "cpu" or weight.shape[0] <= LOGIT_CHUNK:
-        return F.linear(x, weight, bias)
     out = x.new_empty(x.shape[0], weight.shape[0])                                    # [B, V]
     for start in range(0, weight.shape[0], LOGIT_CHUNK):
         stop = start + LOGIT_CHUNK
