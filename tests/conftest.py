@@ -35,8 +35,10 @@ def gloo_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A one-rank gloo process group for the module's tests (the trainer's collectives need one)."""
     import torch.distributed as dist
 
+    from rlfleet.services.trainer.distributed_exit import leave_distributed
+
     if not dist.is_initialized():
         store = tmp_path_factory.mktemp("pg") / "store"
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
-    dist.destroy_process_group()
+    leave_distributed()

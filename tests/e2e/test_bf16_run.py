@@ -40,6 +40,9 @@ def test_bf16_two_rank_run_trains_and_publishes(tmp_path: Path, warm_model: Path
     # far below a broken model
     diffs = [r["logprob_abs_diff"] for r in steps]
     assert all(1e-4 < d < 0.2 for d in diffs), diffs
+    for rank in (0, 1):             # each rank ended its process group's threads before exiting (distributed_exit)
+        log = (run_dir / "logs" / f"trainer-{rank}.log").read_text()
+        assert "still alive after leaving the process group" not in log
     published = dict(DIGEST.findall((run_dir / "logs" / "trainer-0.log").read_text()))
     assert len(published) == STEPS + 1 and len(set(published.values())) == STEPS + 1   # the weights move each step
     assert s["eval_after"] >= s["eval_before"] - 0.05, s                                 # nothing collapsed

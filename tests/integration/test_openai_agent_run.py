@@ -28,6 +28,7 @@ from rlfleet.services.rollout.messages import sample_seed
 from rlfleet.services.rollout.openai_api.server import SESSION_HEADER
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.trainer.step import StepContext, train_step
 from rlfleet.v1 import buffer_pb2_grpc, weight_sync_pb2_grpc
 from tests.integration.test_rollout_service import (
@@ -168,4 +169,4 @@ def test_calculator_agent_on_the_openai_client_trains(tmp_path: Path, servers: A
                              groups, 0, ctx)
         assert math.isfinite(metrics["loss"]) and metrics["samples"] == GROUPS * GROUP_SIZE
     finally:
-        dist.destroy_process_group()
+        leave_distributed()

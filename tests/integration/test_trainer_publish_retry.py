@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlfleet.ports import free_ports
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.weight_sync.transports.errors import GroupLost
 from rlfleet.services.weight_sync.transports.sharded import ShardedState
 from rlfleet.v1 import weights_pb2
+from tests.support.ranks import spawn_ranks
 from tests.support.tiny_model import make_tiny_model
 
 
@@ -135,7 +136,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, run_dir: str, out:
         if server is not None:
             server.stop(0)
         board.close()
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 
@@ -143,7 +144,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, run_dir: str, out:
 def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("publish_retry")
     model_dir = make_tiny_model(tmp / "model")
-    mp.spawn(_worker, args=(2, free_ports(1)[0], str(model_dir), str(tmp / "run"), str(tmp)), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, free_ports(1)[0], str(model_dir), str(tmp / "run"), str(tmp)), 2)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
 
 

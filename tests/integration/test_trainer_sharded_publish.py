@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlfleet.config import Config, parse_config
 from rlfleet.ports import free_ports
+from rlfleet.services.trainer.distributed_exit import leave_distributed
+from tests.support.ranks import spawn_ranks
 from tests.support.tiny_model import make_tiny_model
 
 BUCKET = 4096                  # small buckets: tensors span buckets, each dtype ends in a partial one
@@ -103,7 +104,7 @@ def _worker(rank: int, world: int, port: int, models: dict[str, str], run_dir: s
         if rank == 0:
             Path(out, "report.json").write_text(json.dumps(report))
     finally:
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 
@@ -115,7 +116,7 @@ def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     tmp = tmp_path_factory.mktemp("sharded_publish")
     tied = make_tiny_model(tmp / "tied")
     models = {v: str(tied) for v in VARIANTS} | {"untied": str(make_untied_model(tmp / "untied"))}
-    mp.spawn(_worker, args=(world, free_ports(1)[0], models, str(tmp / "run"), str(tmp)), nprocs=world, join=True)
+    spawn_ranks(_worker, (world, free_ports(1)[0], models, str(tmp / "run"), str(tmp)), world)
     return json.loads((tmp / "report.json").read_text())
 
 

@@ -19,11 +19,13 @@ from rlfleet.ports import free_ports
 from rlfleet.rpc import Server, channel
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.weight_updates import TransportReceivers, WeightUpdater, staging_capacity, subscribe_loop
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.weight_sync.board import VersionBoard
 from rlfleet.services.weight_sync.servicer import WeightSyncServicer
 from rlfleet.services.weight_sync.transports.contract import Sender
 from rlfleet.services.weight_sync.transports.nixl.agent import available as nixl_missing
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
+from tests.support.ranks import rank_main
 from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
 
@@ -101,7 +103,7 @@ def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes:
             s.close()
         for c in chans.values():
             c.close()
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 
@@ -158,7 +160,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[s
         ctx = multiprocessing.get_context("spawn")
         port = free_ports(1)[0]
         planes = {t: r.address for t, r in replicas.items()}
-        procs = [ctx.Process(target=_trainer, args=(rank, 2, port, str(model_dir), str(out), planes))
+        procs = [ctx.Process(target=rank_main, args=(_trainer, rank, 2, port, str(model_dir), str(out), planes))
                  for rank in range(2)]
         for p in procs:
             p.start()

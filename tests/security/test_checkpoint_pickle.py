@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from rlfleet.ports import free_ports
 from rlfleet.services.trainer import checkpoint
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 
 
 class _Payload:
@@ -30,7 +31,7 @@ class _Payload:
 def group() -> Iterator[None]:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_ports(1)[0]}", rank=0, world_size=1)
     yield
-    dist.destroy_process_group()
+    leave_distributed()
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

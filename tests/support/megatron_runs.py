@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
@@ -21,8 +19,10 @@ from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.backends.fsdp import init_distributed
 from rlfleet.services.trainer.batch import rank_groups
 from rlfleet.services.trainer.collectives import broadcast_bytes
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.trainer.step import StepContext
 from rlfleet.v1 import buffer_pb2
+from tests.support.ranks import spawn_ranks
 
 GROUPS = 4
 MINIBATCHES = 2
@@ -119,7 +119,7 @@ def _worker(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
             (out / "order.json").write_text(json.dumps(list(state)))
         (out / f"records{rank}.json").write_text(json.dumps(result))
     finally:
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 
@@ -130,7 +130,7 @@ def spawn_run(out: Path, model_dir: Path, backend: str, world: int, vocab: int, 
     spec = {"run_dir": str(out / "run"), "model_dir": str(model_dir), "backend": backend, "tp": tp, "pp": pp,
             "microbatches": microbatches, "out": str(out), "steps": steps, "vocab": vocab,
             "checkpoint_at": checkpoint_at}
-    mp.spawn(_worker, args=(world, free_port(), spec), nprocs=world, join=True)
+    spawn_ranks(_worker, (world, free_port(), spec), world)
     result: dict[str, Any] = {"weights": load_file(str(out / "weights.safetensors")),
                               "order": json.loads((out / "order.json").read_text())}
     if (out / "resumed.safetensors").exists():

@@ -25,6 +25,7 @@ def child(run_dir: str) -> None:
     import torch.distributed as dist
 
     from rlfleet.services.trainer import checkpoint
+    from rlfleet.services.trainer.distributed_exit import leave_distributed
 
     dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg", rank=0, world_size=1)
     torch.manual_seed(0)
@@ -48,7 +49,7 @@ def child(run_dir: str) -> None:
     latest = checkpoint.latest(Path(run_dir))
     checkpoint.save(Path(run_dir), 2, 2, model, opt, cpu, keep=3)
     again = checkpoint.latest(Path(run_dir))
-    dist.destroy_process_group()
+    leave_distributed()
     print(json.dumps({"error": error, "after_failure": after_failure, "latest": latest.step if latest else None,
                       "again": again.step if again else None}))
 

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlfleet.cli import main
 from rlfleet.config import parse_config
@@ -18,7 +16,9 @@ from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.trainer.step import StepContext
+from tests.support.ranks import spawn_ranks
 from tests.support.tiny_model import make_tiny_model
 
 IDS = [[1, 5, 14, 5, 15, 6, 2], [1, 7, 14, 8, 15, 3, 4]]
@@ -57,7 +57,7 @@ def _worker(rank: int, port: int, run_dir: str, model_dir: str, out: str) -> Non
         Path(out, "info.json").write_text(json.dumps({"lrs": lrs, "path": str(path), "published": sorted(published),
                                                       "adapter": backend.adapter_options}))
     finally:
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 
@@ -68,7 +68,7 @@ def test_checkpoint_converts_to_an_hf_folder(tmp_path: Path) -> None:
     model_dir = make_tiny_model(tmp_path / "model")
     out = tmp_path / "out"
     out.mkdir()
-    mp.spawn(_worker, args=(free_ports(1)[0], str(tmp_path / "run"), str(model_dir), str(out)), nprocs=1, join=True)
+    spawn_ranks(_worker, (free_ports(1)[0], str(tmp_path / "run"), str(model_dir), str(out)), 1)
     info = json.loads((out / "info.json").read_text())
     assert info["lrs"] == pytest.approx([1e-2 * 0.5, 1e-2])                          # warmup, then the peak
     assert info["published"] and all(".lora_" in n for n in info["published"])       # adapters only

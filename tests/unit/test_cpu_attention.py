@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config import parse_config
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.cpu_attention import FP32_SDPA, use_fp32_attention
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 
 torch.set_num_threads(1)
 
@@ -72,4 +72,4 @@ def test_the_backend_trains_bf16_on_cpu_with_float32_attention(tiny_model_dir: P
         grads = [p.grad for p in backend.model.parameters()]
         assert all(gr is not None and torch.isfinite(gr.full_tensor()).all() for gr in grads)
     finally:
-        dist.destroy_process_group()
+        leave_distributed()

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from rlfleet.config import parse_config
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.trainer.fused_norm import FusedRMSNorm, fuse_rms_norms
 
 torch.set_num_threads(1)
@@ -94,4 +94,4 @@ def test_the_backend_fuses_only_float32_compute_and_only_when_on(tiny_model_dir:
         backend.model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
         assert all(p.grad is not None for p in backend.model.parameters())  # FSDP hooks reach the swapped norms
     finally:
-        dist.destroy_process_group()
+        leave_distributed()

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from tests.support.megatron_cpu_shims import megatron_on_cpu, megatron_skip_reason
 from tests.support.megatron_runs import make_tiny_qwen2, run_config
 from tests.support.requires import requires
@@ -37,7 +38,7 @@ def megatron_world() -> Iterator[None]:
             yield
             parallel_state.destroy_model_parallel()
     finally:
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 def _hf_and_megatron(model_dir: Path) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlfleet.batch_invariant import batch_invariant, matmul
 from rlfleet.config import ConfigError, parse_config
@@ -20,6 +19,7 @@ from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.trainer.step import StepContext
 from tests.support.tiny_model import make_tiny_model
 
@@ -95,7 +95,7 @@ def test_engine_logprobs_equal_the_trainers_bitwise(tmp_path: Path, temperature:
         assert max(native_gaps) > 0, native_gaps
     finally:
         engine.shutdown()
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 def test_invariant_matmul_is_exact_under_padding_and_batching() -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlfleet.config import parse_config
 from rlfleet.protocols import Generation, SamplingParams, TrainBatch
@@ -18,6 +17,7 @@ from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.trainer.routing_replay import FREE, ROUTES_KEY, RoutingReplay, routes_tensor
 from rlfleet.services.trainer.step import StepContext
 from tests.support.tiny_moe import EXPERTS, LAYERS, TOP_K, VOCAB, build_tiny_moe, make_tiny_moe
@@ -209,7 +209,7 @@ def test_fsdp_backend_replays_when_configured(tmp_path: Path) -> None:
             assert len(capture.minibatches) == 2
             gaps[on] = np.mean([_gap(mb.old_logprobs, mb) for mb in capture.minibatches])
     finally:
-        dist.destroy_process_group()
+        leave_distributed()
     print(f"\nR3 via FsdpBackend: |old - rollout| logprob with replay {gaps[True]:.3g}, without {gaps[False]:.3g}; "
           f"r3_route_mismatch {metrics[True]['r3_route_mismatch']:.1%}")
     assert metrics[True]["r3_replayed"] > 0 and metrics[True]["r3_route_mismatch"] > 0

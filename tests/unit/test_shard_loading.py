@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from rlfleet.config import parse_config
 from rlfleet.ports import free_ports
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.backends.shard_loading import ShardLoadError, _row_range, load_shards
+from rlfleet.services.trainer.distributed_exit import leave_distributed
+from tests.support.ranks import spawn_ranks
 from tests.support.tiny_model import make_tiny_model
 
 IDS = [[1, 5, 6, 14, 7, 9, 3], [1, 9, 9, 4, 2, 8, 8]]
@@ -42,7 +43,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
         # rank 1 once under load ("terminate called without an active exception")
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 @pytest.mark.timeout(600)
@@ -50,7 +51,7 @@ def test_two_ranks_read_only_their_rows_and_hold_the_model_exactly(tmp_path: Pat
     from transformers import AutoModelForCausalLM
 
     model_dir = make_tiny_model(tmp_path / "model")
-    mp.spawn(_worker, args=(2, free_ports(1)[0], str(model_dir), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, free_ports(1)[0], str(model_dir), str(tmp_path)), 2)
     held = torch.load(tmp_path / "held.pt", weights_only=True)
     files = load_file(str(model_dir / "model.safetensors"))
     for name, tensor in files.items():

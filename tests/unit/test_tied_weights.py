@@ -15,6 +15,7 @@ from rlfleet.config import parse_config
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.weight_updates import WeightUpdater, default_receivers
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.weight_sync.transports.bucketed import BucketedSender
 from rlfleet.tied import TIED_OPTION, decode_aliases, tied_aliases, with_aliases
 from tests.support.tiny_model import make_tiny_model
@@ -67,4 +68,4 @@ def test_fsdp_publish_sends_the_tied_embedding_once_and_the_replica_loads_it(tmp
     finally:
         engine.shutdown()
         sender.close()
-        dist.destroy_process_group()
+        leave_distributed()

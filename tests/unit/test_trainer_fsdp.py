@@ -1,5 +1,5 @@
 """FSDP2 over gloo: 2 ranks train exactly like 1 rank on the same batches; resuming a checkpoint continues
-bit-identically (weights, optimizer, RNG, step, version)."""
+bit-identically (weights, optimizer, RNG, step, version); leaving the group ends its threads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
@@ -20,8 +19,10 @@ from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.batch import rank_groups
 from rlfleet.services.trainer.collectives import broadcast_bytes
+from rlfleet.services.trainer.distributed_exit import collective_threads, leave_distributed
 from rlfleet.services.trainer.step import StepContext
 from rlfleet.v1 import buffer_pb2
+from tests.support.ranks import spawn_ranks
 from tests.support.tiny_model import make_tiny_model
 
 STEPS = 3
@@ -56,45 +57,50 @@ def batch_for(step: int) -> buffer_pb2.Batch:
 
 def _worker(rank: int, world: int, port: int, run_dir: str, model_dir: str, mode: str, out: str) -> None:
     torch.set_num_threads(1)
-    cfg, device = _config(Path(run_dir), Path(model_dir), world), torch.device("cpu")
-    init_distributed(f"127.0.0.1:{port}", rank, world, device)
+    init_distributed(f"127.0.0.1:{port}", rank, world, torch.device("cpu"))
     try:
-        torch.manual_seed(100 + rank)
-        backend = FsdpBackend(cfg, rank, world, device)
-        advantage_fn, loss_fn = resolve(cfg.trainer)
-        ctx = StepContext(advantage_fn, loss_fn, (), temperature=0.9, minibatches=2, grad_clip=0.5, world_size=world,
-                          device=device, pad_id=backend.pad_id)
-        start, version = 0, 0
-        if mode == "resume":
-            info = checkpoint.latest(Path(run_dir))
-            assert info is not None
-            checkpoint.load(info, backend.model, backend.optimizer, device)
-            start, version = info.step + 1, info.version
-        records, draws = [], []
-        for step in range(start, STEPS):
-            data = broadcast_bytes(batch_for(step).SerializeToString() if rank == 0 else None, device)
-            groups = rank_groups(buffer_pb2.Batch.FromString(data), rank, world, 2)
-            records.append({"step": step, **backend.train_step(groups, step, ctx)})
-            draws.append(torch.rand(2).tolist())            # stands in for dropout: consumes the RNG
-            version += 1
-            if mode == "checkpoint" and step == 0:
-                checkpoint.save(Path(run_dir), step, version, backend.model, backend.optimizer, device, keep=1)
-        state = backend.full_state_dict()
-        if rank == 0:
-            save_file({k: v.clone() for k, v in state.items()}, str(Path(out) / "weights.safetensors"))
-        Path(out, f"records{rank}.json").write_text(json.dumps({"records": records, "draws": draws,
-                                                                "version": version}))
+        _train(rank, world, Path(run_dir), Path(model_dir), mode, Path(out))
+        dist.barrier()          # tear down together
+        before = collective_threads()
     finally:
-        dist.destroy_process_group()
+        leave_distributed()
+    Path(out, f"threads{rank}.json").write_text(json.dumps({"before": before, "after": collective_threads()}))
 
+
+def _train(rank: int, world: int, run_dir: Path, model_dir: Path, mode: str, out: Path) -> None:
+    cfg, device = _config(run_dir, model_dir, world), torch.device("cpu")
+    torch.manual_seed(100 + rank)
+    backend = FsdpBackend(cfg, rank, world, device)
+    advantage_fn, loss_fn = resolve(cfg.trainer)
+    ctx = StepContext(advantage_fn, loss_fn, (), temperature=0.9, minibatches=2, grad_clip=0.5, world_size=world,
+                      device=device, pad_id=backend.pad_id)
+    start, version = 0, 0
+    if mode == "resume":
+        info = checkpoint.latest(run_dir)
+        assert info is not None
+        checkpoint.load(info, backend.model, backend.optimizer, device)
+        start, version = info.step + 1, info.version
+    records, draws = [], []
+    for step in range(start, STEPS):
+        data = broadcast_bytes(batch_for(step).SerializeToString() if rank == 0 else None, device)
+        groups = rank_groups(buffer_pb2.Batch.FromString(data), rank, world, 2)
+        records.append({"step": step, **backend.train_step(groups, step, ctx)})
+        draws.append(torch.rand(2).tolist())            # stands in for dropout: consumes the RNG
+        version += 1
+        if mode == "checkpoint" and step == 0:
+            checkpoint.save(run_dir, step, version, backend.model, backend.optimizer, device, keep=1)
+    state = backend.full_state_dict()
+    if rank == 0:
+        save_file({k: v.clone() for k, v in state.items()}, str(out / "weights.safetensors"))
+    (out / f"records{rank}.json").write_text(json.dumps({"records": records, "draws": draws, "version": version}))
 
 
 def _spawn(world: int, run_dir: Path, model_dir: Path, mode: str, out: Path) -> dict:
     out.mkdir(parents=True)
-    mp.spawn(_worker, args=(world, free_ports(1)[0], str(run_dir), str(model_dir), mode, str(out)), nprocs=world,
-             join=True)
+    spawn_ranks(_worker, (world, free_ports(1)[0], str(run_dir), str(model_dir), mode, str(out)), world)
     return {"weights": load_file(str(out / "weights.safetensors")),
-            **{f"rank{r}": json.loads((out / f"records{r}.json").read_text()) for r in range(world)}}
+            **{f"rank{r}": json.loads((out / f"records{r}.json").read_text()) for r in range(world)},
+            **{f"threads{r}": json.loads((out / f"threads{r}.json").read_text()) for r in range(world)}}
 
 
 @pytest.mark.timeout(900)
@@ -128,3 +134,10 @@ def test_two_ranks_equal_one_rank_and_resume_is_bit_identical(tmp_path: Path) ->
         assert resumed[f"rank{r}"]["records"] == two[f"rank{r}"]["records"][1:]
         assert resumed[f"rank{r}"]["draws"] == two[f"rank{r}"]["draws"][1:]
         assert resumed[f"rank{r}"]["version"] == two[f"rank{r}"]["version"] == STEPS
+
+    # leaving the group ends its threads (gloo's workers and TCP loop, the store) before the process exits: left to
+    # the interpreter's teardown they aborted a rank now and then, after its work was done
+    for run, world in ((one, 1), (two, 2), (resumed, 2)):
+        for r in range(world):
+            assert "pt_gloo_runloop" in run[f"threads{r}"]["before"]       # the check sees them while they run
+            assert run[f"threads{r}"]["after"] == [], (r, run[f"threads{r}"])

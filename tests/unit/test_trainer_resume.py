@@ -25,8 +25,10 @@ from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.batch import rank_groups
 from rlfleet.services.trainer.collectives import broadcast_bytes
+from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.trainer.step import StepContext
 from rlfleet.v1 import buffer_pb2
+from tests.support.ranks import spawn_ranks
 from tests.support.tiny_model import make_tiny_model
 from tests.unit.test_trainer_fsdp import batch_for
 
@@ -86,15 +88,15 @@ def _worker(rank: int, world: int, port: int, run_dir: str, model_dir: str, out:
             Path(out, "records.json").write_text(json.dumps(records))
         dist.barrier()          # tear down together: a rank destroying its group while the other still uses it
     finally:
-        dist.destroy_process_group()
+        leave_distributed()
 
 
 
 def _spawn(world: int, run_dir: Path, model_dir: Path, out: Path, algorithm: str = "grpo", packing: bool = False,
            save_every: bool = False, resume: bool = False, kill_step: int = -1) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, free_ports(1)[0], str(run_dir), str(model_dir), str(out), algorithm, packing,
-                            save_every, resume, kill_step), nprocs=world, join=True)
+    spawn_ranks(_worker, (world, free_ports(1)[0], str(run_dir), str(model_dir), str(out), algorithm, packing,
+                          save_every, resume, kill_step), world)
     return {"weights": load_file(str(out / "weights.safetensors")),
             "records": json.loads((out / "records.json").read_text())}
 

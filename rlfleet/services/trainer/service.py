@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
 from rlfleet import lineage
@@ -35,6 +34,7 @@ from rlfleet.services.trainer.batch_stats import batch_stats
 from rlfleet.services.trainer.checkpoint_seal import latest_sealed, seal
 from rlfleet.services.trainer.clients import BufferClient, WeightSyncClient
 from rlfleet.services.trainer.collectives import all_reduce_sum, broadcast_bytes
+from rlfleet.services.trainer.distributed_exit import collective_threads, leave_distributed
 from rlfleet.services.trainer.evaluation import Evaluator
 from rlfleet.services.trainer.hf_export import export_checkpoint, write_final
 from rlfleet.services.trainer.hooks import call_hooks
@@ -296,8 +296,11 @@ class Trainer:
     def close(self) -> None:
         if self.leader:
             self.leader.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_distributed()           # _train has returned: nothing here holds the model, so the group ends now
+        alive = collective_threads()
+        if alive:
+            log.warning("torch.distributed threads still alive after leaving the process group (%s): something "
+                        "still holds the model or a DTensor; the process may abort at exit", ", ".join(alive))
 
     def _train(self) -> dict[str, Any]:
         t = self.cfg.trainer
