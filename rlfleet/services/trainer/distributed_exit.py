@@ -31,21 +31,16 @@ COLLECTIVE_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv")
 def _dtensor_cache_clears() -> list[Callable[[], object]]:
     """The clear functions of DTensor's mesh-keyed caches present in this torch (private names, hence each looked
     up on its own: a torch without one of them simply has nothing to clear there)."""
-    clears: list[Callable[[], object]] = []
     try:
         from torch.distributed.tensor import _collective_utils, _redistribute
         from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     except ImportError:
-        return clears
-    clears.append(_clear_sharding_prop_cache)
-    for owner, name in ((_redistribute, "clear_redistribute_planner_cache"),
-                        (getattr(_redistribute, "_gen_transform_infos", None), "cache_clear"),
-                        (getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None),
-                         "cache_clear")):
-        clear = getattr(owner, name, None) if owner is not None else None
-        if callable(clear):
-            clears.append(clear)
-    return clears
+        return []
+    topology = getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)
+    candidates = [_clear_sharding_prop_cache, getattr(_redistribute, "clear_redistribute_planner_cache", None),
+                  getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
+                  getattr(topology, "cache_clear", None)]
+    return [clear for clear in candidates if callable(clear)]
 
 
 def leave_distributed() -> None:
