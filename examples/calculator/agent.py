@@ -15,6 +15,7 @@ write your own environment: change `step_environment` (or call an agent framewor
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
@@ -27,6 +28,7 @@ from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.messages import sample_seed
 from rlfleet.services.rollout.openai_api.endpoint import OpenAIEndpoint, endpoint_of
 
+log = logging.getLogger(__name__)
 MAX_TURNS = 3
 CALL_END = "</calc>"     # one token of the example's tokenizer: generation stops there
 
@@ -87,6 +89,7 @@ def calculator_agent(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -
             try:
                 yield future.result()
             except Exception as exc:  # noqa: BLE001 - a failed episode fails its sample, not the group
+                log.warning("episode %s/%d failed: %s: %s", ticket.group_id, index, type(exc).__name__, exc)
                 yield Sample(group_id=ticket.group_id, index=index, group_size=ticket.group_size, prompt_ids=[],
                              response_ids=[], rollout_logprobs=[], status=Status.FAILED,
                              status_reason=f"episode raised {type(exc).__name__}: {exc}",

@@ -26,8 +26,9 @@ def test_calculator_example_runs(tmp_path: Path, calculator_model: Path) -> None
     assert result.returncode == 0, failure_report(result, run_dir)
     s = summary(run_dir)
     assert s["steps"] == 4
-    assert s["buffer"]["acked_samples"] == 4 * 8 * 4
-    assert not {"failed", "aborted"} & set(s["buffer"]["dropped"])
+    warnings = [line for line in (run_dir / "logs" / "rollout-0.log").read_text().splitlines() if "WARNING" in line]
+    assert s["buffer"]["acked_samples"] == 4 * 8 * 4, (s["buffer"], warnings[-10:])
+    assert not {"failed", "aborted"} & set(s["buffer"]["dropped"]), (s["buffer"], warnings[-10:])
     log = (run_dir / "metrics" / "trainer.jsonl").read_text()
     assert '"reward_mean"' in log
     assert (run_dir / "pki" / "openai-api.key").stat().st_mode & 0o777 == 0o600     # mtls: the endpoint's key

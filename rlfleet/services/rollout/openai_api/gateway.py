@@ -23,12 +23,12 @@ import logging
 import ssl
 import threading
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlfleet.services.rollout.openai_api.background import BackgroundHTTP
+from rlfleet.services.rollout.openai_api.background import BackgroundHTTP, ThreadedHTTPServer
 from rlfleet.services.rollout.openai_api.server import MAX_BODY_BYTES, SESSION_HEADER
 from rlfleet.services.rollout.openai_api.wire import error_body
 from rlfleet.services.rollout.router import NoHealthyReplica, ReplicaRouter
@@ -104,9 +104,7 @@ class Routes:
                 self._router = None
 
 
-class _GatewayServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _GatewayServer(ThreadedHTTPServer):
     def __init__(self, address: tuple[str, int], routes: Routes, api_key: str | None,
                  tls: ssl.SSLContext | None) -> None:
         super().__init__(address, _GatewayHandler)

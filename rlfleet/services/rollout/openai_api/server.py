@@ -20,13 +20,13 @@ import json
 import logging
 import ssl
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from rlfleet.services.rollout.openai_api.app import GenerationTimeout, OpenAIApp
-from rlfleet.services.rollout.openai_api.background import BackgroundHTTP
+from rlfleet.services.rollout.openai_api.background import HANDSHAKE_SECONDS, BackgroundHTTP, ThreadedHTTPServer
 from rlfleet.services.rollout.openai_api.sessions import ConflictError, SessionError
 from rlfleet.services.rollout.openai_api.streaming import stream_events
 from rlfleet.services.rollout.openai_api.wire import RequestError, chat_response, completion_response, error_body
@@ -39,9 +39,7 @@ MAX_BODY_BYTES = 8 * 2**20
 SESSIONS_PATH = "/v1/sessions/"
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Server(ThreadedHTTPServer):
     def __init__(self, address: tuple[str, int], app: OpenAIApp, api_key: str | None, replica_id: str,
                  max_body_bytes: int) -> None:
         super().__init__(address, _Handler)
@@ -211,12 +209,13 @@ class OpenAIServer(BackgroundHTTP):
 
     def __init__(self, app: OpenAIApp, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  replica_id: str = "", tls: tuple[Path, Path] | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, handshake_seconds: float = HANDSHAKE_SECONDS) -> None:
+        """handshake_seconds: with tls, how long a client may take over its TLS handshake before it is dropped."""
         self.app = app
         http = _Server((host, port), app, api_key, replica_id, max_body_bytes)
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(str(tls[0]), str(tls[1]))
-            http.socket = context.wrap_socket(http.socket, server_side=True)
+            http.serve_tls(context, handshake_seconds)
         super().__init__(http, host, "https" if tls is not None else "http", "openai-http")
