@@ -127,3 +127,20 @@ def test_a_template_that_rewrites_history_is_refused(tok: Any) -> None:
     session.add_generation(_gen(tok.encode(" 84 ", add_special_tokens=False)))
     with pytest.raises(TitoError, match="does not extend"):
         session.add_messages([{"role": "user", "content": "sure?"}])
+
+
+@pytest.mark.parametrize("ended", [True, False], ids=["emitted-im_end", "stopped-on-string"])
+def test_a_role_marker_the_model_writes_inside_its_turn_keeps_the_session_going(tok: Any, ended: bool) -> None:
+    """The client gets the turn without special tokens and sends that back; the session still extends its held
+    tokens (the template renders the turn as the model wrote it), and the engine's ids stay as they were."""
+    start, end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    session = TitoSession(tok, [{"role": "user", "content": "2*87?"}])
+    call = [start] + _char_ids(tok, "<calc>2*87</calc>") + ([end] if ended else [])
+    content = session.add_generation(_gen(call))
+    assert content == "<calc>2*87</calc>"                                    # what the client sees and sends back
+    suffix = session.add_messages([{"role": "tool", "content": "<result>174</result>"}])
+    tool_turn = "\n<|im_start|>tool\n<result>174</result><|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(suffix) == ("" if ended else "<|im_end|>") + tool_turn
+    assert session.response_ids == call + suffix
+    assert session.loss_mask == [1] * len(call) + [0] * len(suffix)
+    assert session.messages[1] == {"role": "assistant", "content": "<calc>2*87</calc>"}

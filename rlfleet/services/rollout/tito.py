@@ -13,6 +13,11 @@ The suffix is computed on text, so it includes whatever the template puts betwee
 next message (e.g. "<|im_end|>\\n" when the model stopped on a stop string, or only "\\n" when it emitted <|im_end|>).
 A template that rewrites earlier turns (trims content, drops reasoning) breaks the prefix property: TitoError.
 
+The client sees each assistant turn with special tokens removed (`messages`, what it must send back), but the template
+renders the turn as the model wrote it (`rendered`): its text with special tokens kept, less the one that stopped it.
+A model that writes a special token inside a turn (a role marker such as <|user|> mid-answer) thus still extends the
+held text, where the cleaned content would not.
+
 MoE routes (R3): the Sample's routes are per response token, the routes of the forward that produced it (see
 rlfleet/services/trainer/routing_replay.py). Each engine turn's output tokens keep the routes the engine recorded in
 that
@@ -78,7 +83,8 @@ class TitoSession:
 
     def _start(self, tokenizer: Any, messages: list[dict[str, str]], text: str, prompt_ids: list[int]) -> None:
         self.tokenizer = tokenizer
-        self.messages: list[dict[str, str]] = messages
+        self.messages: list[dict[str, str]] = messages          # as the client sees them
+        self._rendered: list[dict[str, str]] = [dict(m) for m in messages]   # as the template renders them
         self._text = text
         self.prompt_ids: list[int] = prompt_ids
         self.response_ids: list[int] = []
@@ -111,7 +117,14 @@ class TitoSession:
         self._text += _decode_raw(self.tokenizer, ids)
         content = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         self.messages.append({"role": "assistant", "content": content})
+        written = ids[:-1] if gen.finish_reason == "stop" and ids and self._is_special(ids[-1]) else ids
+        self._rendered.append({"role": "assistant", "content": _decode_raw(self.tokenizer, written)})
         return content
+
+    def _is_special(self, token: int) -> bool:
+        """A token the client's content leaves out (decoding with skip_special_tokens drops it)."""
+        shown = self.tokenizer.decode([token], skip_special_tokens=True)
+        return bool(_decode_raw(self.tokenizer, [token])) and not shown
 
     def add_messages(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Append environment messages (tool results, user turns) as the template renders them; mask 0.
@@ -119,7 +132,7 @@ class TitoSession:
         Returns the suffix ids appended (they end with the next assistant header when add_generation_prompt).
         """
         new = [dict(m) for m in messages]
-        full = render_text(self.tokenizer, self.messages + new, add_generation_prompt)
+        full = render_text(self.tokenizer, self._rendered + new, add_generation_prompt)
         if not full.startswith(self._text):
             at = next((i for i, (a, b) in enumerate(zip(full, self._text, strict=False)) if a != b),
                       min(len(full), len(self._text)))
@@ -128,6 +141,7 @@ class TitoSession:
         suffix = _ids(self.tokenizer.encode(full[len(self._text):], add_special_tokens=False))
         self._append_environment(suffix)
         self.messages += new
+        self._rendered += [dict(m) for m in new]
         self._text = full
         return suffix
 
