@@ -33,6 +33,8 @@ def _assert_same_training(reference: dict[str, Any], run: dict[str, Any], world:
             assert b[key] == pytest.approx(a[key], abs=METRIC_TOL), key
     for r in range(1, world):                                  # every rank reports the global metrics
         assert run[f"rank{r}"]["records"] == run["rank0"]["records"]
+    for r in range(world):                                     # and left its groups: none of their threads is left
+        assert run[f"threads{r}"] == [], f"rank {r} still runs {run[f'threads{r}']} after leaving"
     assert run["order"] == reference["order"]                  # HF names in HF order, as FSDP publishes
     for name, w in reference["weights"].items():
         assert run["weights"][name].dtype == w.dtype

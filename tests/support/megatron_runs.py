@@ -16,10 +16,11 @@ from rlfleet.ports import free_port
 from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve
+from rlfleet.services.trainer.backends import backend_spec
 from rlfleet.services.trainer.backends.fsdp import init_distributed
 from rlfleet.services.trainer.batch import rank_groups
 from rlfleet.services.trainer.collectives import broadcast_bytes
-from rlfleet.services.trainer.distributed_exit import leave_distributed
+from rlfleet.services.trainer.distributed_exit import collective_threads, leave_distributed
 from rlfleet.services.trainer.step import StepContext
 from rlfleet.v1 import buffer_pb2
 from tests.support.ranks import spawn_ranks
@@ -84,48 +85,55 @@ def _train(backend: Any, cfg: Config, rank: int, start: int, steps: int, vocab: 
 
 
 def _worker(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
+    """One rank: train (in _train_rank's frame, which has returned when the rank leaves), leave the process group
+    with the backend's release, then record the collective threads still alive."""
     torch.set_num_threads(1)
+    init_distributed(f"127.0.0.1:{port}", rank, world, torch.device("cpu"))
+    try:
+        _train_rank(rank, world, spec)
+    finally:
+        leave_distributed(backend_spec(spec["backend"]).release)
+    (Path(spec["out"]) / f"threads{rank}.json").write_text(json.dumps(collective_threads()))
+
+
+def _train_rank(rank: int, world: int, spec: dict[str, Any]) -> None:
     cfg = run_config(Path(spec["run_dir"]), Path(spec["model_dir"]), spec["backend"], world, spec["tp"], spec["pp"],
                      spec["microbatches"])
-    init_distributed(f"127.0.0.1:{port}", rank, world, torch.device("cpu"))
     out = Path(spec["out"])
-    try:
-        shims: AbstractContextManager[None]
-        if spec["backend"] == "megatron":
-            from tests.support.megatron_cpu_shims import megatron_on_cpu
-            shims = megatron_on_cpu()
-        else:
-            import contextlib
-            shims = contextlib.nullcontext()
-        with shims:
-            torch.manual_seed(100 + rank)
-            backend = _make_backend(cfg, rank, world)
-            records = _train(backend, cfg, rank, 0, spec["steps"], spec["vocab"], spec.get("checkpoint_at"))
-            state = backend.full_state_dict()
-            result: dict[str, Any] = {"records": records}
-            if spec.get("checkpoint_at") is not None:                   # resume from it in a fresh backend
-                resumed = _make_backend(cfg, rank, world)
-                info = checkpoint.latest(cfg.run_dir)
-                assert info is not None
-                resumed.load_checkpoint(info)
-                result["resumed_records"] = _train(resumed, cfg, rank, info.step + 1, spec["steps"], spec["vocab"],
-                                                   None)
-                resumed_state = resumed.full_state_dict()
-                if rank == 0:
-                    save_file({k: v.clone().contiguous() for k, v in resumed_state.items()},
-                              str(out / "resumed.safetensors"))
-        if rank == 0:
-            save_file({k: v.clone().contiguous() for k, v in state.items()}, str(out / "weights.safetensors"))
-            (out / "order.json").write_text(json.dumps(list(state)))
-        (out / f"records{rank}.json").write_text(json.dumps(result))
-    finally:
-        leave_distributed()
-
+    shims: AbstractContextManager[None]
+    if spec["backend"] == "megatron":
+        from tests.support.megatron_cpu_shims import megatron_on_cpu
+        shims = megatron_on_cpu()
+    else:
+        import contextlib
+        shims = contextlib.nullcontext()
+    with shims:
+        torch.manual_seed(100 + rank)
+        backend = _make_backend(cfg, rank, world)
+        records = _train(backend, cfg, rank, 0, spec["steps"], spec["vocab"], spec.get("checkpoint_at"))
+        state = backend.full_state_dict()
+        result: dict[str, Any] = {"records": records}
+        if spec.get("checkpoint_at") is not None:                   # resume from it in a fresh backend
+            resumed = _make_backend(cfg, rank, world)
+            info = checkpoint.latest(cfg.run_dir)
+            assert info is not None
+            resumed.load_checkpoint(info)
+            result["resumed_records"] = _train(resumed, cfg, rank, info.step + 1, spec["steps"], spec["vocab"],
+                                               None)
+            resumed_state = resumed.full_state_dict()
+            if rank == 0:
+                save_file({k: v.clone().contiguous() for k, v in resumed_state.items()},
+                          str(out / "resumed.safetensors"))
+    if rank == 0:
+        save_file({k: v.clone().contiguous() for k, v in state.items()}, str(out / "weights.safetensors"))
+        (out / "order.json").write_text(json.dumps(list(state)))
+    (out / f"records{rank}.json").write_text(json.dumps(result))
 
 
 def spawn_run(out: Path, model_dir: Path, backend: str, world: int, vocab: int, steps: int = 2, tp: int = 1,
               pp: int = 1, microbatches: int = 1, checkpoint_at: int | None = None) -> dict[str, Any]:
-    """Train `steps` steps on `world` processes; returns weights (rank 0), order and each rank's records."""
+    """Train `steps` steps on `world` processes; returns weights (rank 0), order, each rank's records and the
+    collective threads each rank still had after leaving the process group (threads<r>)."""
     out.mkdir(parents=True)
     spec = {"run_dir": str(out / "run"), "model_dir": str(model_dir), "backend": backend, "tp": tp, "pp": pp,
             "microbatches": microbatches, "out": str(out), "steps": steps, "vocab": vocab,
@@ -137,6 +145,7 @@ def spawn_run(out: Path, model_dir: Path, backend: str, world: int, vocab: int, 
         result["resumed"] = load_file(str(out / "resumed.safetensors"))
     for r in range(world):
         result[f"rank{r}"] = json.loads((out / f"records{r}.json").read_text())
+        result[f"threads{r}"] = json.loads((out / f"threads{r}.json").read_text())
     return result
 
 

@@ -10,7 +10,8 @@ anything else holds it, and with it its threads: gloo's worker threads (`pt_gloo
 
 Left there, the group was destroyed during the interpreter's own teardown, and that aborted a rank now and then,
 after it had done all its work ("terminate called without an active exception", SIGABRT). `leave_distributed`
-clears those caches and collects, so the group and its threads end here, while the interpreter is whole.
+clears those caches and collects, so the group and its threads end here, while the interpreter is whole. A backend
+whose library keeps groups in globals of its own passes its release (BackendSpec.release: Megatron's parallel_state).
 `collective_threads` names the threads still alive; the FSDP tests check it is empty after leaving.
 
 A caller keeps no model, optimizer or DTensor alive across the call: build and train in a function that has
@@ -43,8 +44,11 @@ def _dtensor_cache_clears() -> list[Callable[[], object]]:
     return [clear for clear in candidates if callable(clear)]
 
 
-def leave_distributed() -> None:
-    """Destroy every process group, clear DTensor's mesh caches and collect, so the groups' threads end now."""
+def leave_distributed(release: Callable[[], object] | None = None) -> None:
+    """Destroy every process group, clear DTensor's mesh caches and collect, so the groups' threads end now.
+    release: the backend's own (BackendSpec.release), called first: what its library still holds of the groups."""
+    if release is not None:
+        release()
     if dist.is_initialized():
         dist.destroy_process_group()
     for clear in _dtensor_cache_clears():

@@ -26,7 +26,7 @@ from rlfleet.security.signing import Signer, weight_verifier
 from rlfleet.service_main import listen_address
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve, skips_zero_advantage
-from rlfleet.services.trainer.backends import TrainerBackend, data_parallel_size, make_backend
+from rlfleet.services.trainer.backends import TrainerBackend, backend_spec, data_parallel_size, make_backend
 from rlfleet.services.trainer.backends.fsdp import init_distributed, trainer_device
 from rlfleet.services.trainer.batch import rank_groups
 from rlfleet.services.trainer.batch_check import BatchLimits, BatchUnusable, check_batch
@@ -296,7 +296,8 @@ class Trainer:
     def close(self) -> None:
         if self.leader:
             self.leader.close()
-        leave_distributed()           # _train has returned: nothing here holds the model, so the group ends now
+        # _train has returned: nothing here holds the model, so the groups end now
+        leave_distributed(backend_spec(self.cfg.trainer.backend).release)
         alive = collective_threads()
         if alive:
             log.warning("torch.distributed threads still alive after leaving the process group (%s): something "

@@ -31,9 +31,15 @@ def _megatron_data_parallel(cfg: Config, world_size: int) -> int:
     return max(world_size // (m.tensor_parallel * m.pipeline_parallel), 1)
 
 
+def _release_megatron() -> None:
+    from rlfleet.services.trainer.backends.megatron.release import release_parallel_state
+
+    release_parallel_state()
+
+
 BACKENDS: Mapping[str, BackendSpec] = MappingProxyType({
     "fsdp": BackendSpec("fsdp", _make_fsdp, lambda cfg, world_size: world_size),
-    "megatron": BackendSpec("megatron", _make_megatron, _megatron_data_parallel),
+    "megatron": BackendSpec("megatron", _make_megatron, _megatron_data_parallel, _release_megatron),
 })
 
 

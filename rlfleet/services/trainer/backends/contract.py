@@ -65,3 +65,4 @@ class BackendSpec:
     name: str                                   # trainer.backend
     make: BackendFactory
     data_parallel_size: Callable[[Config, int], int]   # (cfg, world_size) -> data-parallel ranks
+    release: Callable[[], None] = lambda: None  # drops what the backend's library still holds of the process groups
