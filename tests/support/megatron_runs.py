@@ -16,7 +16,7 @@ from rlfleet.ports import free_port
 from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve
-from rlfleet.services.trainer.backends import backend_spec
+from rlfleet.services.trainer.backends import backend_spec, make_backend
 from rlfleet.services.trainer.backends.fsdp import init_distributed
 from rlfleet.services.trainer.batch import rank_groups
 from rlfleet.services.trainer.collectives import broadcast_bytes
@@ -56,15 +56,6 @@ def batch_for(step: int, vocab: int) -> buffer_pb2.Batch:
                                   loss_mask=[1] * (t - 1) + [i % 2], reward=float(torch.rand(1, generator=g)))
                            .to_proto())
     return buffer_pb2.Batch(step=step, samples=samples, group_ids=gids, complete=True)
-
-
-def _make_backend(cfg: Config, rank: int, world: int) -> Any:
-    device = torch.device("cpu")
-    if cfg.trainer.backend == "megatron":
-        from rlfleet.services.trainer.backends.megatron.backend import MegatronBackend
-        return MegatronBackend(cfg, rank, world, device)
-    from rlfleet.services.trainer.backends.fsdp import FsdpBackend
-    return FsdpBackend(cfg, rank, world, device)
 
 
 def _train(backend: Any, cfg: Config, rank: int, start: int, steps: int, vocab: int,
@@ -109,12 +100,12 @@ def _train_rank(rank: int, world: int, spec: dict[str, Any]) -> None:
         shims = contextlib.nullcontext()
     with shims:
         torch.manual_seed(100 + rank)
-        backend = _make_backend(cfg, rank, world)
+        backend = make_backend(cfg, rank, world, torch.device("cpu"))
         records = _train(backend, cfg, rank, 0, spec["steps"], spec["vocab"], spec.get("checkpoint_at"))
         state = backend.full_state_dict()
         result: dict[str, Any] = {"records": records}
         if spec.get("checkpoint_at") is not None:                   # resume from it in a fresh backend
-            resumed = _make_backend(cfg, rank, world)
+            resumed = make_backend(cfg, rank, world, torch.device("cpu"))
             info = checkpoint.latest(cfg.run_dir)
             assert info is not None
             resumed.load_checkpoint(info)
