@@ -325,6 +325,9 @@ class PerfConfig(Section):
                                 "through the model once per forward (trainer/shared_prompt.py).")
     shared_prompt_max_tokens: int = Field(8192, ge=16, description="Longest row of the shared-prompt layout; a "
                                           "group that does not fit is split, each part repeating the prompt.")
+    shared_prompt_unpadded: bool = Field(True, description="FSDP trainer, float32, SDPA attention: the shared-prompt "
+                                         "forward runs projections and MLPs on the real tokens only, attention on "
+                                         "the layout's padded grid (trainer/grid_attention.py).")
     fused_optimizer: bool = Field(True, description="Trainer: torch's fused AdamW kernel on CPU and CUDA (~3x "
                                   "faster optimizer step; rounding differs ~1e-8 from the per-tensor loop).")
     trainer_fused_norm: bool = Field(True, description="FSDP trainer, float32 compute: RMSNorm as one fused op "

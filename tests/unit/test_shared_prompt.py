@@ -16,6 +16,7 @@ from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
+from rlfleet.services.trainer.grid_attention import use_grid_attention
 from rlfleet.services.trainer.shared_prompt import (
     SharedPromptForward,
     lay_out,
@@ -91,10 +92,15 @@ def test_plan_shares_only_where_it_saves_tokens() -> None:
     assert plan(_batch(empty), 64) is None                   # an empty prompt: nothing predicts the first token
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "grid"])
 @pytest.mark.parametrize("max_tokens", [8, 64])
 def test_shared_logprobs_and_gradients_equal_padded(model_dir: Path, attn: str, max_tokens: int) -> None:
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation=attn)
+    """grid: the real tokens only, attention on the layout's grid (grid_attention.py); the padded forward of the same
+    model is plain SDPA."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                 attn_implementation="sdpa" if attn == "grid" else attn)
+    if attn == "grid":
+        assert use_grid_attention(model)
     batch = _batch(_groups())
     rows = plan(batch, max_tokens)
     assert rows is not None

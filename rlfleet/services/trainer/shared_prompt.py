@@ -26,6 +26,7 @@ import torch
 from rlfleet.protocols import TrainBatch
 from rlfleet.services.trainer.batch import select_rows
 from rlfleet.services.trainer.entropy import record_entropy
+from rlfleet.services.trainer.grid_attention import GRID_KEY, Grid, uses_grid_attention
 from rlfleet.services.trainer.logits_window import logits_window
 from rlfleet.services.trainer.step import ForwardFn
 
@@ -147,39 +148,69 @@ def attention_mask_for(model: torch.nn.Module, allowed: torch.Tensor, dtype: tor
     return blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def shared_response_logprobs(logits: torch.Tensor, layout: SharedLayout, batch: TrainBatch, temperature: float,
-                             first: int = 0) -> torch.Tensor:
-    """logits [R, L - first, V] of the layout's positions first.. -> logprobs [S, T] of each row's response tokens
-    (float32).
+def _predictions(layout: SharedLayout, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(layout row, column of the predicting position, column of the target), each [S, T], of every response token.
 
     Response token j of sample s sits at offset[s] + j; it is predicted by the prompt's last token (j = 0) or by the
     response token before it. Positions past a sample's response read a finite dummy inside its row."""
     s, t = batch.response_mask.shape
     lengths = batch.attention_mask.sum(1)                                                      # [S]
     resp_len = (lengths - batch.response_start).clamp(min=1)                                   # [S]
-    j = torch.arange(t, device=logits.device)[None, :].expand(s, t)                            # [S, T]
+    j = torch.arange(t, device=layout.offset.device)[None, :].expand(s, t)                     # [S, T]
     j = torch.minimum(j, resp_len[:, None] - 1)                                                # stay in the sample
-    target = (layout.offset[:, None] + j).clamp(max=first + logits.shape[1] - 1)              # [S, T]
+    target = layout.offset[:, None] + j                                                        # [S, T]
     pred = torch.where(j == 0, layout.prompt_last[:, None], target - 1)                        # [S, T]
-    rows = layout.row[:, None].expand(s, t)                                                    # [S, T]
-    picked = logits[rows, (pred - first).clamp(min=0)]                                         # [S, T, V]
+    target = target.clamp(max=layout.input_ids.shape[1] - 1)                   # an empty response's dummy
+    return layout.row[:, None].expand(s, t), pred, target
+
+
+def _token_logprobs(picked: torch.Tensor, targets: torch.Tensor, batch: TrainBatch, temperature: float
+                    ) -> torch.Tensor:
+    """picked: [S, T, V] logits predicting targets [S, T] -> logprobs [S, T] (float32), entropy recorded."""
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(picked.float() / scale, dim=-1)                                   # [S, T, V]
     record_entropy(batch, logp)                                                                # extras["entropy"]
-    targets = layout.input_ids[rows, target]                                                   # [S, T]
     return torch.gather(logp, 2, targets[:, :, None]).squeeze(2)                               # [S, T]
+
+
+def shared_response_logprobs(logits: torch.Tensor, layout: SharedLayout, batch: TrainBatch, temperature: float,
+                             first: int = 0) -> torch.Tensor:
+    """logits [R, L - first, V] of the layout's positions first.. -> logprobs [S, T] of each row's response tokens
+    (float32)."""
+    rows, pred, target = _predictions(layout, batch)                                           # [S, T] each
+    picked = logits[rows, (pred - first).clamp(min=0)]                                         # [S, T, V]
+    return _token_logprobs(picked, layout.input_ids[rows, target], batch, temperature)
 
 
 def shared_forward_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float, rows: list[list[int]],
                             pad_id: int, compute_dtype: torch.dtype) -> torch.Tensor:
-    """Run the causal LM on the shared layout of `rows`; response-token logprobs [S, T]."""
+    """Run the causal LM on the shared layout of `rows`; response-token logprobs [S, T]. A model switched to
+    grid attention (grid_attention.py) runs the layout's real tokens only (`_unpadded_logprobs`)."""
     layout = lay_out(batch, rows, pad_id)
     mask = attention_mask_for(model, shared_mask(layout.segment), compute_dtype)
+    if uses_grid_attention(model):
+        return _unpadded_logprobs(model, batch, temperature, layout, mask)
     read_from = int(layout.prompt_last.min()) if layout.prompt_last.numel() else 0
     first, keep = logits_window(model, layout.input_ids.shape[1], read_from)
     out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False,
                 **keep)
     return shared_response_logprobs(out.logits, layout, batch, temperature, first)   # logits [R, L - first, V]
+
+
+def _unpadded_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float, layout: SharedLayout,
+                       mask: torch.Tensor) -> torch.Tensor:
+    """The layout's real tokens as one packed row [1, T] through a GRID_SDPA model (attention on the grid with
+    `mask` [R, 1, L, L]); the LM head only on the positions that predict a response token. Logprobs [S, T]."""
+    grid = Grid.of(layout.segment >= 0)
+    ids = layout.input_ids.reshape(-1).index_select(0, grid.cells).unsqueeze(0)                 # [1, T]
+    pos = layout.position_ids.reshape(-1).index_select(0, grid.cells).unsqueeze(0)              # [1, T]
+    rows, pred, target = _predictions(layout, batch)                                           # [S, T] each
+    width = layout.input_ids.shape[1]
+    keep, at = torch.unique(grid.source[rows * width + pred], return_inverse=True)            # [K], [S, T]
+    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, logits_to_keep=keep,
+                **{GRID_KEY: grid})
+    picked = out.logits[0][at]                                                                 # [S, T, V]
+    return _token_logprobs(picked, layout.input_ids[rows, target], batch, temperature)
 
 
 class SharedPromptForward:

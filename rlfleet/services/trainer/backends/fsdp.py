@@ -37,6 +37,7 @@ from rlfleet.services.trainer.batch import forward_logprobs
 from rlfleet.services.trainer.cpu_attention import use_fp32_attention
 from rlfleet.services.trainer.critic import Critic
 from rlfleet.services.trainer.fused_norm import fuse_rms_norms
+from rlfleet.services.trainer.grid_attention import use_grid_attention
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.lora import apply_lora, is_adapter
 from rlfleet.services.trainer.optimizer import adamw
@@ -129,6 +130,9 @@ class FsdpBackend:
             use_fp32_attention(model)           # bf16 matmuls, float32 attention (cpu_attention.py)
         if self.compute_dtype == torch.float32 and cfg.perf.trainer_fused_norm and not t.on_policy:
             fuse_rms_norms(model)               # one op per RMSNorm (fused_norm.py); before FSDP wraps the layers
+        if self.compute_dtype == torch.float32 and cfg.perf.shared_prompt and cfg.perf.shared_prompt_unpadded \
+                and not t.on_policy:
+            use_grid_attention(model)           # the shared layout's real tokens only (grid_attention.py)
         self.model = self._shard(model)
         if self.loaded_by_shards:
             load_shards(self.model, cfg.model_path, rank, world_size, device)
