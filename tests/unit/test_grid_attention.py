@@ -97,29 +97,3 @@ def test_the_backend_trains_through_the_grid_as_through_the_padded_layout(tiny_m
     finally:
         leave_distributed()
 
-
-def test_grouped_query_attention_through_the_grid_equals_the_padded_forward() -> None:
-    """Keys and values with fewer heads than queries (SmolLM2: 9 and 3) spread onto the grid with their own heads."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
-    from rlfleet.services.trainer.shared_prompt import plan, shared_forward_logprobs
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=19, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
-    model = LlamaForCausalLM(cfg).float()
-    assert use_grid_attention(model)
-    batch = build_train_batch([s for g in _groups() for s in g])
-    rows = plan(batch, 64)
-    assert rows is not None
-    padded = forward_logprobs(model, batch, 1.0)                                                # [S, T]
-    (padded * batch.response_mask).sum().backward()
-    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    grid = shared_forward_logprobs(model, batch, 1.0, rows, 0, torch.float32)                  # [S, T]
-    (grid * batch.response_mask).sum().backward()
-    valid = batch.response_mask > 0
-    torch.testing.assert_close(grid[valid], padded[valid], atol=1e-5, rtol=0)
-    for name, g in want.items():
-        torch.testing.assert_close(dict(model.named_parameters())[name].grad, g, atol=1e-5, rtol=1e-4, msg=name)

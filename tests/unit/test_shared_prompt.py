@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import TrainBatch
@@ -92,14 +92,22 @@ def test_plan_shares_only_where_it_saves_tokens() -> None:
     assert plan(_batch(empty), 64) is None                   # an empty prompt: nothing predicts the first token
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager", "grid"])
+def _gqa_model() -> torch.nn.Module:
+    """A random llama whose keys and values have fewer heads than its queries (SmolLM2: 9 and 3)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=19, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).float()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "grid", "grid-gqa"])
 @pytest.mark.parametrize("max_tokens", [8, 64])
 def test_shared_logprobs_and_gradients_equal_padded(model_dir: Path, attn: str, max_tokens: int) -> None:
     """grid: the real tokens only, attention on the layout's grid (grid_attention.py); the padded forward of the same
-    model is plain SDPA."""
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                 attn_implementation="sdpa" if attn == "grid" else attn)
-    if attn == "grid":
+    model is plain SDPA. grid-gqa: the same with grouped-query attention."""
+    model = _gqa_model() if attn == "grid-gqa" else AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation="sdpa" if attn == "grid" else attn)
+    if attn.startswith("grid"):
         assert use_grid_attention(model)
     batch = _batch(_groups())
     rows = plan(batch, max_tokens)
