@@ -97,3 +97,32 @@ def test_the_backend_trains_through_the_grid_as_through_the_padded_layout(tiny_m
     finally:
         leave_distributed()
 
+
+
+class _NoLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no logits_to_keep (the head runs on every position) but passes the rest on."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                use_cache: bool, **kwargs: object) -> object:
+        return self.inner(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                          use_cache=use_cache, **kwargs)
+
+
+def test_a_model_without_logits_to_keep_reads_every_position(tiny_model_dir: Path) -> None:
+    from rlfleet.services.trainer.batch import build_train_batch
+    from rlfleet.services.trainer.shared_prompt import plan, shared_forward_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32, attn_implementation="sdpa")
+    assert use_grid_attention(model)
+    batch = build_train_batch([s for g in _groups() for s in g])
+    rows = plan(batch, 64)
+    assert rows is not None
+    with torch.no_grad():
+        want = shared_forward_logprobs(model, batch, 1.0, rows, 0, torch.float32)              # head on kept rows
+        got = shared_forward_logprobs(_NoLogitsToKeep(model), batch, 1.0, rows, 0, torch.float32)
+    valid = batch.response_mask > 0
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-6, rtol=0)

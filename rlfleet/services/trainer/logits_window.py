@@ -12,7 +12,7 @@ import inspect
 import torch
 
 
-def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the model's forward has a `logits_to_keep` parameter (read each forward: ~20 us)."""
     try:
         return "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -24,6 +24,6 @@ def logits_window(model: torch.nn.Module, seq_len: int, first: int) -> tuple[int
     """(the first position the returned logits cover, the forward keyword arguments that make it so) for a forward
     over `seq_len` positions whose logits are read from position `first` on."""
     first = max(0, min(first, seq_len - 1))
-    if first == 0 or not _takes_logits_to_keep(model):
+    if first == 0 or not takes_logits_to_keep(model):
         return 0, {}
     return first, {"logits_to_keep": seq_len - first}

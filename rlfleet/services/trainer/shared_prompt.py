@@ -27,7 +27,7 @@ from rlfleet.protocols import TrainBatch
 from rlfleet.services.trainer.batch import select_rows
 from rlfleet.services.trainer.entropy import record_entropy
 from rlfleet.services.trainer.grid_attention import GRID_KEY, Grid, uses_grid_attention
-from rlfleet.services.trainer.logits_window import logits_window
+from rlfleet.services.trainer.logits_window import logits_window, takes_logits_to_keep
 from rlfleet.services.trainer.step import ForwardFn
 
 log = logging.getLogger(__name__)
@@ -206,9 +206,12 @@ def _unpadded_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: f
     pos = layout.position_ids.reshape(-1).index_select(0, grid.cells).unsqueeze(0)              # [1, T]
     rows, pred, target = _predictions(layout, batch)                                           # [S, T] each
     width = layout.input_ids.shape[1]
-    keep, at = torch.unique(grid.source[rows * width + pred], return_inverse=True)            # [K], [S, T]
-    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, logits_to_keep=keep,
-                **{GRID_KEY: grid})
+    at = grid.source[rows * width + pred]                                                     # [S, T] packed
+    keep: dict[str, torch.Tensor] = {}
+    if takes_logits_to_keep(model):
+        kept, at = torch.unique(at, return_inverse=True)                                       # [K], [S, T]
+        keep["logits_to_keep"] = kept
+    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, **keep, **{GRID_KEY: grid})
     picked = out.logits[0][at]                                                                 # [S, T, V]
     return _token_logprobs(picked, layout.input_ids[rows, target], batch, temperature)
 
