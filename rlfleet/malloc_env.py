@@ -17,6 +17,3 @@ from __future__ import annotations
 
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184"
 
-
-def malloc_env() -> dict[str, str]:
-    return {"GLIBC_TUNABLES": MALLOC_TUNABLES}

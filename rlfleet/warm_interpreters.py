@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rlfleet.config import Config
 from rlfleet.exec_child import wrap
-from rlfleet.malloc_env import malloc_env
+from rlfleet.malloc_env import MALLOC_TUNABLES
 from rlfleet.placement import Placement, plan, thread_env
 
 
@@ -36,8 +36,7 @@ def service_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")        # model.path is a local folder: never wait on a hub
-    for key, value in malloc_env().items():       # freed tensors' memory reused, not faulted in again
-        env.setdefault(key, value)
+    env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)   # freed tensors' memory reused, not faulted in again
     return env
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from rlfleet.services.trainer.attention_swap import swap_sdpa
+
 FP32_SDPA = "rlfleet_sdpa_fp32"
 
 
@@ -31,13 +33,5 @@ def sdpa_fp32(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
 
 def use_fp32_attention(model: Any) -> bool:
-    """Switch a model that uses SDPA attention to FP32_SDPA (registering it first); True if it was switched."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return False
-    AttentionInterface.register(FP32_SDPA, sdpa_fp32)
-    AttentionMaskInterface.register(FP32_SDPA, sdpa_mask)
-    model.set_attn_implementation(FP32_SDPA)
-    return True
+    """Switch a model that uses SDPA attention to FP32_SDPA; True if it was switched."""
+    return swap_sdpa(model, FP32_SDPA, sdpa_fp32)

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from rlfleet.services.trainer.attention_swap import swap_sdpa
+
 GRID_SDPA = "rlfleet_grid_sdpa"
 GRID_KEY = "rlfleet_grid"          # the forward's keyword argument that carries the Grid down to attention
 
@@ -74,16 +76,8 @@ def grid_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
 
 def use_grid_attention(model: Any) -> bool:
-    """Switch a model that uses SDPA attention to GRID_SDPA (registering it first); True if it was switched."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    if getattr(getattr(model, "config", None), "_attn_implementation", None) != "sdpa":
-        return False
-    AttentionInterface.register(GRID_SDPA, grid_sdpa)
-    AttentionMaskInterface.register(GRID_SDPA, sdpa_mask)
-    model.set_attn_implementation(GRID_SDPA)
-    return True
+    """Switch a model that uses SDPA attention to GRID_SDPA; True if it was switched."""
+    return swap_sdpa(model, GRID_SDPA, grid_sdpa)
 
 
 def uses_grid_attention(model: Any) -> bool:
