@@ -337,6 +337,9 @@ class PerfConfig(Section):
                                         "services/rollout/single_turn_groups.py).")
     engine_fast_decode: bool = Field(True, description="torch engine: lean Llama-family packed prefill and decode "
                                      "step on fused q/k/v and gate/up weights (fast_prefill.py, fast_decode.py).")
+    onednn_linear: bool = Field(True, description="CPU: the torch engine's lean step and the float32 trainer's "
+                                "linears run through oneDNN (rlfleet/onednn_linear.py; ~2x MKL on AMD CPUs, "
+                                "rounding ~1e-6 apart); false: torch's own ops (MKL).")
     engine_compile: bool = Field(False, description="torch engine: torch.compile that step (needs a compiler; slow "
                                  "start).")
 

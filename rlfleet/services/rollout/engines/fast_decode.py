@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
@@ -38,7 +37,7 @@ from rlfleet.rms_norm import norm
 from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
 from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters
-from rlfleet.services.rollout.engines.llama_ops import Rotary, lm_head, mlp_residual, residual_linear
+from rlfleet.services.rollout.engines.llama_ops import Linears, Rotary, pick_linears
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 SLACK = 64                     # most spare cache columns allocated per re-buffering
@@ -81,7 +80,7 @@ def supports(model: nn.Module) -> bool:
 
 def _layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor,
            values: torch.Tensor, length: int, p: LayerParams, heads: int, kv_heads: int, head_dim: int,
-           eps: float) -> torch.Tensor:
+           eps: float, ops: Linears) -> torch.Tensor:
     """One decoder layer for one new token per row.
 
     x: [B, D]; cos, sin: [B, H+Hkv, Dh] (q's heads scaled by 1/sqrt(Dh), sin signed for roll); mask: [B, 1, 1, L+1]
@@ -90,7 +89,7 @@ def _layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Te
     """
     b = x.shape[0]
     qk_width = (heads + kv_heads) * head_dim
-    qkv = F.linear(norm(x, p.ln1, eps), p.qkv, p.qkv_bias)                          # [B, (H+2Hkv)·Dh]
+    qkv = ops.linear(norm(x, p.ln1, eps), p.qkv, p.qkv_bias)                        # [B, (H+2Hkv)·Dh]
     qk = qkv[:, :qk_width].view(b, heads + kv_heads, head_dim)                       # [B, H+Hkv, Dh]
     qk = torch.addcmul(qk * cos, qk.roll(head_dim // 2, dims=-1), sin)               # rotary (and q's scale)
     keys[:, :, length] = qk[:, heads:]
@@ -99,7 +98,7 @@ def _layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Te
     scores = torch.matmul(q, keys[:, :, :length + 1].transpose(2, 3)).add_(mask)    # [B, Hkv, rep, L+1]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     a = torch.matmul(probs, values[:, :, :length + 1]).view(b, heads * head_dim)    # [B, H·Dh]
-    return mlp_residual(residual_linear(x, a, p.o, p.o_bias), p, eps)
+    return ops.mlp_residual(ops.residual(x, a, p.o, p.o_bias), p, eps)
 
 
 def _within(view: torch.Tensor, flat: torch.Tensor) -> bool:
@@ -115,7 +114,8 @@ class FastDecoder:
     through its own modules, on the same memory. `slack`: the most spare cache columns a re-buffering allocates
     (default: SLACK, on a CPU `cpu_slack`)."""
 
-    def __init__(self, model: nn.Module, compile: bool = False, slack: int | None = None) -> None:
+    def __init__(self, model: nn.Module, compile: bool = False, slack: int | None = None, onednn: bool = True
+                 ) -> None:
         cfg = model.config
         self.model = model
         self.inner = model.model
@@ -129,6 +129,7 @@ class FastDecoder:
                               self.head_dim ** -0.5, weight.dtype, weight.device)
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}     # layer -> (keys, values) buffers
         self._pool: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # layer -> flat storages (_storage)
+        self.ops = pick_linears(weight, onednn)
         on_cpu = weight.device.type == "cpu"
         self.slack = slack or (cpu_slack(self.head_dim, weight.element_size()) if on_cpu else SLACK)
         self._layer: Callable[..., torch.Tensor] = torch.compile(_layer, dynamic=True) if compile else _layer
@@ -194,12 +195,12 @@ class FastDecoder:
             kb = weight.new_empty(n, self.kv_heads, width + room, self.head_dim)
             vb = torch.empty_like(kb)
             x = prefill_layer(x, p, packed, cos, sin, kb, vb, rows, self.heads, self.kv_heads, self.head_dim,
-                              self.eps)
+                              self.eps, self.ops)
             cl.lazy_initialization(kb, vb)
             cl.keys, cl.values = kb[:, :, :width], vb[:, :, :width]
             self._buffers[i] = (kb, vb)
         x = norm(x.index_select(0, packed.last), self.inner.norm.weight, self.inner.norm.variance_epsilon)  # [U, D]
-        return cache, packed.mask[rows], lm_head(x, self.model.lm_head)[rows]             # logits: [N, V]
+        return cache, packed.mask[rows], self.ops.lm_head(x, self.model.lm_head)[rows]             # logits: [N, V]
 
     def decode(self, cache: DynamicCache, last: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
                room: int = SLACK) -> torch.Tensor:
@@ -211,10 +212,10 @@ class FastDecoder:
             length = cl.keys.shape[2]
             kb, vb = self._room(i, cl.keys, cl.values, room)
             x = self._layer(x, cos, sin, attn_mask, kb, vb, length, p, self.heads, self.kv_heads, self.head_dim,
-                            self.eps)
+                            self.eps, self.ops)
             cl.keys, cl.values = kb[:, :, :length + 1], vb[:, :, :length + 1]
         x = norm(x, self.inner.norm.weight, self.inner.norm.variance_epsilon)
-        return lm_head(x, self.model.lm_head)                                             # [B, V]
+        return self.ops.lm_head(x, self.model.lm_head)                                    # [B, V]
 
     def select(self, cache: DynamicCache, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """kv_cache.select (keep `rows` [R], drop columns that became all padding; returns the mask [R, L']), each

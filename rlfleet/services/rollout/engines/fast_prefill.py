@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from rlfleet.rms_norm import norm
 from rlfleet.services.rollout.engines.fused_params import LayerParams
-from rlfleet.services.rollout.engines.llama_ops import mlp_residual, residual_linear
+from rlfleet.services.rollout.engines.llama_ops import Linears
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ def pack(prompts: Sequence[Sequence[int]], dtype: torch.dtype, device: torch.dev
 
 def prefill_layer(x: torch.Tensor, p: LayerParams, packed: PackedPrompts, cos: torch.Tensor, sin: torch.Tensor,
                   keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor, heads: int, kv_heads: int,
-                  head_dim: int, eps: float) -> torch.Tensor:
+                  head_dim: int, eps: float, ops: Linears) -> torch.Tensor:
     """One decoder layer over the packed tokens.
 
     x: [T, D]; cos, sin: [T, H+Hkv, Dh] (as fast_decode's rotary gives them: q's heads carry the attention scale);
@@ -61,7 +60,7 @@ def prefill_layer(x: torch.Tensor, p: LayerParams, packed: PackedPrompts, cos: t
     """
     t, (u, width) = x.shape[0], packed.mask.shape
     rep, qk_width = heads // kv_heads, (heads + kv_heads) * head_dim
-    qkv = F.linear(norm(x, p.ln1, eps), p.qkv, p.qkv_bias)                              # [T, (H+2Hkv)·Dh]
+    qkv = ops.linear(norm(x, p.ln1, eps), p.qkv, p.qkv_bias)                            # [T, (H+2Hkv)·Dh]
     qk = qkv[:, :qk_width].view(t, heads + kv_heads, head_dim)
     qkv[:, :qk_width] = torch.addcmul(qk * cos, qk.roll(head_dim // 2, dims=-1), sin).view(t, qk_width)   # rotary
     grid = qkv.new_zeros(u, width, qkv.shape[1])                                         # [U, P, (H+2Hkv)·Dh]
@@ -77,4 +76,4 @@ def prefill_layer(x: torch.Tensor, p: LayerParams, packed: PackedPrompts, cos: t
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype).view(u, kv_heads, rep * width, width)
     a = torch.matmul(probs, v).view(u, kv_heads, rep, width, head_dim).permute(0, 3, 1, 2, 4)     # [U,P,Hkv,rep,Dh]
     a = a.reshape(u * width, heads * head_dim).index_select(0, packed.grid)             # [T, H·Dh]
-    return mlp_residual(residual_linear(x, a, p.o, p.o_bias), p, eps)
+    return ops.mlp_residual(ops.residual(x, a, p.o, p.o_bias), p, eps)

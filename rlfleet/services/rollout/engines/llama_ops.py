@@ -2,7 +2,11 @@
 (fast_prefill.py) share: a linear with its residual folded in, the MLP block, the LM head, and rotary cos/sin by
 position (RMSNorm: rlfleet/rms_norm.py, shared with the trainer).
 
-Feature-major matmuls. `F.linear(x, W)` for activations x [B, K] asks BLAS for x @ W.T; asking it for the
+Who runs the matmuls is a `Linears`: on a CPU with a usable oneDNN, OneDNNLinears (rlfleet/onednn_linear.py; about
+twice MKL's speed on the AMD CPU here, rounding ~1e-6 apart: `perf.onednn_linear` turns it off), else BlasLinears,
+torch's own ops, which on a CPU call MKL and run feature-major where that is faster:
+
+Feature-major matmuls (BlasLinears). `F.linear(x, W)` for activations x [B, K] asks BLAS for x @ W.T; asking it for the
 transpose, W @ x.T ([N, B]), runs the same dot products in the same order (bitwise equal results on the CPU here)
 but, for the few-row batches of a decode step, in a faster kernel: with SmolLM2-135M's shapes at 64 rows and 2
 threads, gate/up [3072 x 576] 1.84 -> 1.48 ms, the whole MLP block 3.6 -> 2.6 ms, the LM head [49152 x 576] ~40 ->
@@ -13,10 +17,13 @@ through a transposed view, which BLAS takes as a flag."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlfleet import onednn_linear
 from rlfleet.rms_norm import norm
 from rlfleet.services.rollout.engines.fused_params import LayerParams
 
@@ -39,26 +46,85 @@ def feature_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return torch.addmm(bias.unsqueeze(1), weight, x.t())
 
 
-def mlp_residual(x: torch.Tensor, p: LayerParams, eps: float) -> torch.Tensor:
-    """x + down(silu(gate(n)) · up(n)) with n = RMSNorm(x), the layer's second half. x: [B, D]. Returns [B, D]."""
-    gu = feature_major_linear(norm(x, p.ln2, eps), p.gate_up, p.gate_up_bias)       # [2F, B]
-    width = gu.shape[0] // 2
-    hidden = F.silu(gu[:width]).mul_(gu[width:])                                      # [F, B]
-    return residual_linear(x, hidden.t(), p.down, p.down_bias)
+class Linears(Protocol):
+    """The matmuls of the lean step: which library runs them (BlasLinears, OneDNNLinears)."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """F.linear: x [B, K], weight [N, K] -> [B, N]."""
+        ...
+
+    def residual(self, x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                 ) -> torch.Tensor:
+        """x + a @ weight.T (+ bias). x: [B, N]; a: [B, K]."""
+        ...
+
+    def mlp_residual(self, x: torch.Tensor, p: LayerParams, eps: float) -> torch.Tensor:
+        """x + down(silu(gate(n)) · up(n)) with n = RMSNorm(x), the layer's second half. x: [B, D] -> [B, D]."""
+        ...
+
+    def lm_head(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """head(x): logits [B, V] contiguous, for x [B, D]."""
+        ...
 
 
-def lm_head(x: torch.Tensor, head: nn.Module) -> torch.Tensor:
-    """head(x): logits [B, V] contiguous, for x [B, D]. On a CPU by LOGIT_CHUNK-row feature-major blocks when the
-    head is a plain nn.Linear (any other module is called as it is)."""
-    if type(head) is not nn.Linear or x.device.type != "cpu" or head.weight.shape[0] <= LOGIT_CHUNK:
-        return head(x)
-    weight, bias = head.weight, head.bias
-    out = x.new_empty(x.shape[0], weight.shape[0])                                    # [B, V]
-    for start in range(0, weight.shape[0], LOGIT_CHUNK):
-        stop = start + LOGIT_CHUNK
-        block = feature_major_linear(x, weight[start:stop], None if bias is None else bias[start:stop])
-        out[:, start:stop] = block.t()                                                # [B, chunk]
-    return out
+class BlasLinears:
+    """torch's own ops (MKL on a CPU), feature-major where that is faster (see the module docstring)."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    def residual(self, x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                 ) -> torch.Tensor:
+        return residual_linear(x, a, weight, bias)
+
+    def mlp_residual(self, x: torch.Tensor, p: LayerParams, eps: float) -> torch.Tensor:
+        gu = feature_major_linear(norm(x, p.ln2, eps), p.gate_up, p.gate_up_bias)       # [2F, B]
+        width = gu.shape[0] // 2
+        hidden = F.silu(gu[:width]).mul_(gu[width:])                                      # [F, B]
+        return residual_linear(x, hidden.t(), p.down, p.down_bias)
+
+    def lm_head(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """On a CPU by LOGIT_CHUNK-row feature-major blocks when the head is a plain nn.Linear (any other module is
+        called as it is)."""
+        if type(head) is not nn.Linear or x.device.type != "cpu" or head.weight.shape[0] <= LOGIT_CHUNK:
+            return head(x)
+        weight, bias = head.weight, head.bias
+        out = x.new_empty(x.shape[0], weight.shape[0])                                    # [B, V]
+        for start in range(0, weight.shape[0], LOGIT_CHUNK):
+            stop = start + LOGIT_CHUNK
+            block = feature_major_linear(x, weight[start:stop], None if bias is None else bias[start:stop])
+            out[:, start:stop] = block.t()                                                # [B, chunk]
+        return out
+
+
+class OneDNNLinears:
+    """oneDNN's fused linears on a CPU (rlfleet/onednn_linear.py: ~2x MKL's speed on an AMD CPU), residual adds
+    fused into the output matmuls' epilogue; activations stay row-major (oneDNN has no strided-layout gap)."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return onednn_linear.linear(x, weight, bias)
+
+    def residual(self, x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                 ) -> torch.Tensor:
+        return onednn_linear.linear_add(a, x, weight, bias)
+
+    def mlp_residual(self, x: torch.Tensor, p: LayerParams, eps: float) -> torch.Tensor:
+        gu = onednn_linear.linear(norm(x, p.ln2, eps), p.gate_up, p.gate_up_bias)       # [B, 2F]
+        width = gu.shape[1] // 2
+        hidden = F.silu(gu[:, :width]).mul_(gu[:, width:])                                # [B, F]
+        return onednn_linear.linear_add(hidden, x, p.down, p.down_bias)
+
+    def lm_head(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        if type(head) is not nn.Linear:
+            return head(x)
+        return onednn_linear.linear(x, head.weight, head.bias)
+
+
+def pick_linears(weight: torch.Tensor, onednn: bool = True) -> Linears:
+    """OneDNNLinears where asked for and usable for weight's device and dtype, else BlasLinears."""
+    if onednn and onednn_linear.usable(weight.device, weight.dtype):
+        return OneDNNLinears()
+    return BlasLinears()
 
 
 class Rotary:

@@ -40,6 +40,7 @@ from rlfleet.services.trainer.fused_norm import fuse_rms_norms
 from rlfleet.services.trainer.grid_attention import use_grid_attention
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.lora import apply_lora, is_adapter
+from rlfleet.services.trainer.onednn_linears import use_onednn_linears
 from rlfleet.services.trainer.optimizer import adamw
 from rlfleet.services.trainer.routing_replay import RoutingReplay
 from rlfleet.services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
@@ -130,6 +131,9 @@ class FsdpBackend:
             use_fp32_attention(model)           # bf16 matmuls, float32 attention (cpu_attention.py)
         if self.compute_dtype == torch.float32 and cfg.perf.trainer_fused_norm and not t.on_policy:
             fuse_rms_norms(model)               # one op per RMSNorm (fused_norm.py); before FSDP wraps the layers
+        if self.compute_dtype == torch.float32 and cfg.perf.onednn_linear and not t.on_policy:
+            swapped = use_onednn_linears(model, device, self.compute_dtype)  # onednn_linears.py; before FSDP
+            log.info("trainer linears through oneDNN: %d", swapped)
         if self.compute_dtype == torch.float32 and cfg.perf.shared_prompt and cfg.perf.shared_prompt_unpadded \
                 and not t.on_policy:
             use_grid_attention(model)           # the shared layout's real tokens only (grid_attention.py)
