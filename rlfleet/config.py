@@ -340,6 +340,10 @@ class PerfConfig(Section):
     onednn_linear: bool = Field(True, description="CPU: the torch engine's lean step and the float32 trainer's "
                                 "linears run through oneDNN (rlfleet/onednn_linear.py; ~2x MKL on AMD CPUs, "
                                 "rounding ~1e-6 apart); false: torch's own ops (MKL).")
+    native_attention: bool = Field(True, description="CPU with AVX-512, one engine thread: the torch engine's lean "
+                                   "decode step runs attention as a C kernel built at first use with the system C "
+                                   "compiler (engines/native_attention.py; ~2x torch's ops); false, or no compiler: "
+                                   "torch's ops.")
     engine_compile: bool = Field(False, description="torch engine: torch.compile that step (needs a compiler; slow "
                                  "start).")
 

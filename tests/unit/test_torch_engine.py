@@ -14,6 +14,7 @@ from rlfleet.protocols import SamplingParams
 from rlfleet.services.rollout.engines.base import EngineError
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.weight_sync.transports.manifest import digest_of
+from tests.support.engine_pairs import assert_engines_agree
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
@@ -170,13 +171,9 @@ def test_fast_decode_matches_the_hf_decode_path(model_dir: Path) -> None:
     fast, plain = TorchEngine(model_dir, max_batch_size=3), TorchEngine(model_dir, max_batch_size=3, fast_decode=False)
     try:
         assert fast._fast is not None and plain._fast is None
-        for sampling in (SamplingParams(temperature=0, max_new_tokens=6),
-                         SamplingParams(temperature=1.0, max_new_tokens=6, seed=11)):
-            outs = [[e.submit(p, staggered(sampling, i)) for i, p in enumerate(PROMPTS)] for e in (fast, plain)]
-            for a, b in zip(*outs, strict=True):
-                ga, gb = a.result(timeout=60), b.result(timeout=60)
-                assert ga.output_ids == gb.output_ids
-                assert torch.allclose(torch.tensor(ga.logprobs), torch.tensor(gb.logprobs), atol=1e-5, rtol=0)
+        assert_engines_agree(fast, plain, PROMPTS, (SamplingParams(temperature=0, max_new_tokens=6),
+                                                    SamplingParams(temperature=1.0, max_new_tokens=6, seed=11)),
+                             staggered)
     finally:
         fast.shutdown()
         plain.shutdown()

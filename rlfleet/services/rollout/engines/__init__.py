@@ -13,7 +13,7 @@ def make_engine(cfg: Config) -> Engine:
         return TorchEngine(cfg.model_path, max_batch_size=cfg.rollout.max_batch_size, device=cfg.rollout.device,
                            dtype=cfg.model.dtype, seed=cfg.run.seed, on_policy=cfg.trainer.on_policy,
                            fast_decode=cfg.perf.engine_fast_decode, compile=cfg.perf.engine_compile,
-                           onednn=cfg.perf.onednn_linear)
+                           onednn=cfg.perf.onednn_linear, native_attention=cfg.perf.native_attention)
     if cfg.rollout.engine == "sglang":
         from rlfleet.services.rollout.engines.sglang.factory import engine_from_config
 

@@ -83,13 +83,14 @@ class TorchEngine:
     def __init__(self, model_path: str | Path, max_batch_size: int = 64, device: str = "cpu",
                  dtype: str | None = None, seed: int = 0, eos_token_ids: Iterable[int] | None = None,
                  weight_version: int = 0, on_policy: bool = False, fast_decode: bool = True,
-                 compile: bool = False, onednn: bool = True) -> None:
+                 compile: bool = False, onednn: bool = True, native_attention: bool = True) -> None:
         """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config.
         on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
         rlfleet.batch_invariant, so the logprobs equal the trainer's recomputation bitwise (no fast or compiled
         decode). fast_decode: Llama-family models decode through `fast_decode.FastDecoder` (same math, less
         overhead); compile: torch.compile its layer step (off by default; an uncompiled engine never compiles);
-        onednn: that step's linears through oneDNN on a CPU (llama_ops.OneDNNLinears), else torch's ops."""
+        onednn: that step's linears through oneDNN on a CPU (llama_ops.OneDNNLinears), else torch's ops;
+        native_attention: that step's attention through a C kernel on a CPU with AVX-512 (native_attention.py)."""
         self.on_policy = on_policy
         self.model: torch.nn.Module
         self.vocab_size: int
@@ -117,12 +118,12 @@ class TorchEngine:
         loaded: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True,
                                         args=(loaded, str(model_path), dtype, eos_token_ids,
-                                              fast_decode and not on_policy, compile, onednn))
+                                              fast_decode and not on_policy, compile, onednn, native_attention))
         self._thread.start()
         loaded.result()                  # the model is loaded (on the engine thread), or its EngineError is raised
 
     def _load(self, model_path: str, dtype: str | None, eos_token_ids: Iterable[int] | None, fast_decode: bool,
-              compile: bool, onednn: bool) -> None:
+              compile: bool, onednn: bool, native_attention: bool) -> None:
         try:
             self.model = AutoModelForCausalLM.from_pretrained(
                 model_path, dtype=DTYPES[dtype] if dtype else "auto", use_safetensors=True,
@@ -133,7 +134,7 @@ class TorchEngine:
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
         self._routes = RouteRecorder.attach(self.model)        # MoE models: record routes for R3, else None
-        self._fast = FastDecoder(self.model, compile=compile, onednn=onednn) \
+        self._fast = FastDecoder(self.model, compile=compile, onednn=onednn, native_attention=native_attention) \
             if fast_decode and self._routes is None and supports(self.model) else None
 
     def _run(self, loaded: Future[None], *load_args: Any) -> None:
