@@ -65,6 +65,32 @@ def test_the_kernel_equals_float64_attention(dh: int, rep: int, n: int) -> None:
 
 
 @NEEDS_KERNEL
+@pytest.mark.parametrize("dh", [32, 64])
+def test_the_kernel_appends_the_new_key_and_value_before_reading_them(dh: int) -> None:
+    """With `new` the kernel first writes each row's new key and value (strided views, as the decode step's) into
+    column n - 1 and attends over it: the buffers then hold them there, other columns untouched, and the output is
+    attention over the appended cache."""
+    assert KERNEL is not None
+    g = torch.Generator().manual_seed(dh)
+    b, hkv, rep, n, spare = 4, 2, 2, 9, 3
+    qkv = torch.randn(b, hkv * rep + 2 * hkv, dh, generator=g) * dh ** -0.5         # [B, H+2Hkv, Dh]
+    q = qkv[:, : hkv * rep].reshape(b, hkv, rep, dh)
+    k_new, v_new = qkv[:, hkv * rep: hkv * rep + hkv], qkv[:, hkv * rep + hkv:]      # [B, Hkv, Dh], strided
+    keys, values = (torch.randn(b, hkv, n + spare, dh, generator=g) for _ in range(2))
+    before_k, before_v = keys.clone(), values.clone()
+    mask = torch.zeros(b, 1, 1, n)
+    mask[3, ..., :4] = float("-inf")
+    got = KERNEL.attend(q, keys, values, mask, n, (k_new, v_new))
+    assert torch.equal(keys[:, :, n - 1], k_new) and torch.equal(values[:, :, n - 1], v_new)
+    untouched = [c for c in range(n + spare) if c != n - 1]
+    assert torch.equal(keys[:, :, untouched], before_k[:, :, untouched])
+    assert torch.equal(values[:, :, untouched], before_v[:, :, untouched])
+    want_k, want_v = before_k.clone(), before_v.clone()
+    want_k[:, :, n - 1], want_v[:, :, n - 1] = k_new, v_new
+    assert torch.allclose(got.double(), _float64_attention(q, want_k, want_v, mask, n), atol=2e-6, rtol=0)
+
+
+@NEEDS_KERNEL
 def test_an_unsupported_head_width_is_refused_by_the_kernel_not_read() -> None:
     assert KERNEL is not None
     q, kv = torch.zeros(1, 1, 1, 48), torch.zeros(1, 1, 4, 48)
@@ -185,8 +211,8 @@ def test_a_kernel_that_gives_wrong_values_fails_its_check() -> None:
         def __init__(self) -> None:                                                # no library: only attend
             pass
 
-        def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, n: int
-                   ) -> torch.Tensor:
+        def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, n: int,
+                   new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
             return _float64_attention(q, keys, values, mask, n).float() + (1e-3 if q.shape[-1] == 64 else 0.0)
 
     problem = native_attention.check(OffByOne())

@@ -95,12 +95,13 @@ def _layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Te
     qkv = ops.linear(norm(x, p.ln1, eps), p.qkv, p.qkv_bias)                        # [B, (H+2Hkv)·Dh]
     qk = qkv[:, :qk_width].view(b, heads + kv_heads, head_dim)                       # [B, H+Hkv, Dh]
     qk = torch.addcmul(qk * cos, qk.roll(head_dim // 2, dims=-1), sin)               # rotary (and q's scale)
-    keys[:, :, length] = qk[:, heads:]
-    values[:, :, length] = qkv[:, qk_width:].view(b, kv_heads, head_dim)
+    k_new, v_new = qk[:, heads:], qkv[:, qk_width:].view(b, kv_heads, head_dim)      # [B, Hkv, Dh] each
     q = qk[:, :heads].reshape(b, kv_heads, heads // kv_heads, head_dim)             # [B, Hkv, rep, Dh]
-    if attention is not None:                                                       # native_attention.py
-        a = attention.attend(q, keys, values, mask, length + 1).view(b, heads * head_dim)
+    if attention is not None:                     # native_attention.py: appends k_new/v_new at column `length` too
+        a = attention.attend(q, keys, values, mask, length + 1, (k_new, v_new)).view(b, heads * head_dim)
     else:
+        keys[:, :, length] = k_new
+        values[:, :, length] = v_new
         scores = torch.matmul(q, keys[:, :, :length + 1].transpose(2, 3)).add_(mask)    # [B, Hkv, rep, L+1]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         a = torch.matmul(probs, values[:, :, :length + 1]).view(b, heads * head_dim)    # [B, H·Dh]

@@ -4,7 +4,8 @@ Why: a decode step's attention is one query per row and head against that row's 
 GEMV (q·Kᵀ), a mask add, a softmax and a second batched GEMV (p·V); on the AMD EPYC (Zen 4) here those GEMVs are
 MKL's AVX2 code and read the cache at ~36 GB/s, where a plain `sum` over the same cache reads ~88 GB/s. A
 `torch.compile`d kernel of the same math measured no faster. decode_attention.c does it in one pass over the keys
-and one over the values with AVX-512: 64 rows x 4 heads x 32 wide at 44 columns, one thread, 79 -> ~39 us a layer.
+and one over the values with AVX-512 (64 rows x 4 heads x 32 wide at 44 columns, one thread, 79 -> ~39 us a
+layer), writing the new token's key and value into the cache first (the step's append: two strided copies fewer).
 
 How: the C source next to this file is compiled once with the system C compiler (`$CC`, else cc / gcc) into a
 shared library in a cache folder (`$RLFLEET_NATIVE_CACHE`, else `$XDG_CACHE_HOME/rlfleet/native`, else
@@ -52,13 +53,16 @@ _ARGTYPES: list[type[ctypes.c_int64] | type[ctypes.c_void_p]] = [
     _I64,                               # the column stride keys and values share
     _PTR, _I64,                         # additive mask and its row stride
     _PTR, _I64, _I64, _I64,             # out and its strides
+    _PTR, _I64, _I64,                   # the new token's keys (or NULL) and their strides over rows, heads
+    _PTR, _I64, _I64,                   # its values (or NULL)
     _I64, _I64, _I64, _I64, _I64,       # rows, key/value heads, queries a head, columns, head width
 ]
 
 
 class NativeAttention:
-    """attend(q [B, Hkv, rep, Dh], keys/values [B, Hkv, C, Dh] with C >= n, mask [B, 1, 1, >= n] additive, n)
-    -> [B, Hkv, rep, Dh]: softmax(q·Kᵀ + mask)·V over each row's first n cache columns.
+    """attend(q [B, Hkv, rep, Dh], keys/values [B, Hkv, C, Dh] with C >= n, mask [B, 1, 1, >= n] additive, n,
+    new=(k [B, Hkv, Dh], v [B, Hkv, Dh]) or None) -> [B, Hkv, rep, Dh]: softmax(q·Kᵀ + mask)·V over each row's first
+    n cache columns, after writing `new` into column n - 1 when given (the decode step's append).
 
     The caller guarantees what `fits` checks (float32 on the CPU, last dimensions dense, one column stride for keys
     and values, Dh in HEAD_DIMS); the lean decode step's tensors are built that way."""
@@ -68,14 +72,19 @@ class NativeAttention:
         self._fn.argtypes = _ARGTYPES
         self._fn.restype = ctypes.c_int
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, n: int
-               ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, n: int,
+               new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         b, hkv, rep, dh = q.shape
         out = q.new_empty(b, hkv, rep, dh)
         qs, ks, vs, os_ = q.stride(), keys.stride(), values.stride(), out.stride()
+        if new is None:
+            kn = vn = None
+            kns = vns = (0, 0, 1)
+        else:
+            (kn, vn), kns, vns = (new[0].data_ptr(), new[1].data_ptr()), new[0].stride(), new[1].stride()
         rc = self._fn(q.data_ptr(), qs[0], qs[1], qs[2], keys.data_ptr(), ks[0], ks[1], values.data_ptr(), vs[0],
                       vs[1], ks[2], mask.data_ptr(), mask.stride(0), out.data_ptr(), os_[0], os_[1], os_[2],
-                      b, hkv, rep, n, dh)
+                      kn, kns[0], kns[1], vn, vns[0], vns[1], b, hkv, rep, n, dh)
         if rc != 0:
             raise RuntimeError(f"decode_attention kernel refused its arguments (code {rc})")
         return out
