@@ -39,8 +39,7 @@ from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
 from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters
 from rlfleet.services.rollout.engines.llama_ops import Linears, Rotary, pick_linears
-from rlfleet.services.rollout.engines.native_attention import HEAD_DIMS, NativeAttention
-from rlfleet.services.rollout.engines.native_attention import load as load_native_attention
+from rlfleet.services.rollout.engines.native_attention import NativeAttention, load_for
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 SLACK = 64                     # most spare cache columns allocated per re-buffering
@@ -138,8 +137,8 @@ class FastDecoder:
         self._pool: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # layer -> flat storages (_storage)
         self.ops = pick_linears(weight, onednn)
         on_cpu = weight.device.type == "cpu"
-        self.native = load_native_attention() if native_attention and on_cpu and not compile and \
-            weight.dtype == torch.float32 and self.head_dim in HEAD_DIMS else None
+        self.native = load_for(weight.device, weight.dtype, self.head_dim) if native_attention and not compile \
+            else None
         self.slack = slack or (cpu_slack(self.head_dim, weight.element_size()) if on_cpu else SLACK)
         self._layer: Callable[..., torch.Tensor] = torch.compile(_layer, dynamic=True) if compile else _layer
 

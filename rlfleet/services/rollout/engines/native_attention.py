@@ -186,6 +186,14 @@ def check(kernel: NativeAttention) -> str | None:
     return None
 
 
+def load_for(device: torch.device, dtype: torch.dtype, head_dim: int) -> NativeAttention | None:
+    """load() where the kernel applies to a model's tensors (a CPU, float32, a head width in HEAD_DIMS); else None,
+    with nothing built."""
+    if device.type != "cpu" or dtype != torch.float32 or head_dim not in HEAD_DIMS:
+        return None
+    return load()
+
+
 def load() -> NativeAttention | None:
     """The checked kernel (built on first use, then loaded from the cache folder), or None with the reason logged
     where it cannot run here."""
