@@ -2,9 +2,8 @@
 
 One invocation trains the addition example twice (or more, with --variant), one run after the other:
 - TRL 1.16 `GRPOTrainer` (one process, HF generate) from the TRL interpreter: a separate venv, since TRL is not an
-  rlfleet dependency. Install it once (never into the project's .venv: it may change transformers):
-      python3 -m venv /work/main/.venv-trl
-      /work/main/.venv-trl/bin/pip install torch==2.13.0 trl==1.16.0 datasets accelerate
+  rlfleet dependency. Install it once from its lock (never into the project's .venv: it may change transformers):
+      bash scripts/venv_from_lock.sh .venv-trl locks/trl-bench.txt
   and name it with --trl-python or RLFLEET_TRL_PYTHON (default /work/main/.venv-trl/bin/python).
 - `rlfleet run examples/addition/config.yaml` (all four services as local processes), its in-run evaluation off.
 Both start from one warm-start folder (the example's `prepare`, built once), see the same training prompts in the

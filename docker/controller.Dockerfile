@@ -12,8 +12,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlfleet
-COPY docker/requirements/controller.txt /tmp/controller.txt
-RUN pip install --no-cache-dir -r /tmp/controller.txt
+# locks/controller.txt: the Kubernetes client and the SDK's config, gRPC, security and metrics (no torch), every file
+# checked against its hash
+COPY locks/controller.txt /tmp/controller.txt
+RUN pip install --no-cache-dir --no-deps --require-hashes --only-binary :all: -r /tmp/controller.txt
 COPY rlfleet /app/rlfleet
 
 USER 10001:10001

@@ -15,10 +15,13 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /app
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlfleet
-COPY docker/requirements/runtime.txt /tmp/runtime.txt
-# SGLang brings its own CUDA torch build; the driver comes from the node (NVIDIA container toolkit).
-RUN pip install --no-cache-dir sglang==0.5.23 nixl==1.5.1 \
- && pip install --no-cache-dir -r /tmp/runtime.txt
+# rlfleet's environment (locks/image-cuda.txt: PyPI's CUDA torch, NIXL) and SGLang's own venv at /opt/sglang
+# (locks/sglang-cuda.txt: SGLang pins its own torch and transformers), each file checked against its hash. The
+# replica starts /opt/sglang/bin/python -m sglang.launch_server (the chart's rollout.sglang.python).
+COPY locks/image-cuda.txt locks/sglang-cuda.txt /tmp/
+RUN pip install --no-cache-dir --no-deps --require-hashes --only-binary :all: -r /tmp/image-cuda.txt \
+ && python -m venv /opt/sglang \
+ && /opt/sglang/bin/pip install --no-cache-dir --no-deps --require-hashes --only-binary :all: -r /tmp/sglang-cuda.txt
 COPY docker/healthcheck.py /usr/local/bin/rlfleet-healthcheck
 COPY rlfleet /app/rlfleet
 COPY examples /app/examples

@@ -14,10 +14,11 @@ ENV GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_thresh
 
 WORKDIR /app
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlfleet
-ARG TORCH_VERSION=2.13.0
-COPY docker/requirements/runtime.txt /tmp/runtime.txt
-RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}" \
- && pip install --no-cache-dir -r /tmp/runtime.txt
+# Exactly what .venv holds for `dev.sh run` (locks/runtime.txt, torch 2.13.0+cpu included), every file checked
+# against its hash
+COPY locks/runtime.txt /tmp/runtime.txt
+RUN pip install --no-cache-dir --no-deps --require-hashes --only-binary :all: \
+      --extra-index-url https://download.pytorch.org/whl/cpu -r /tmp/runtime.txt
 COPY docker/healthcheck.py /usr/local/bin/rlfleet-healthcheck
 COPY rlfleet /app/rlfleet
 COPY examples /app/examples

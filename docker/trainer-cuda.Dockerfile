@@ -15,12 +15,10 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /app
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlfleet
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
-COPY docker/requirements/runtime.txt /tmp/runtime.txt
-# CUDA runtime libraries come with the torch wheel; the driver comes from the node (NVIDIA container toolkit).
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
- && pip install --no-cache-dir -r /tmp/runtime.txt megatron-core==0.16.1 nixl==1.5.1
+# locks/image-cuda.txt: the runtime lock's versions with PyPI's CUDA torch 2.13.0, Megatron-core and NIXL, every file
+# checked against its hash. CUDA runtime libraries come as nvidia-* wheels; the driver from the node.
+COPY locks/image-cuda.txt /tmp/image-cuda.txt
+RUN pip install --no-cache-dir --no-deps --require-hashes --only-binary :all: -r /tmp/image-cuda.txt
 COPY docker/healthcheck.py /usr/local/bin/rlfleet-healthcheck
 COPY rlfleet /app/rlfleet
 COPY examples /app/examples

@@ -86,7 +86,7 @@ class SGLangConfig(Section):
     url: str = Field("", description="An SGLang server someone else runs (\"\": start one per replica).")
     api_key_file: str = Field("", description="A file holding that server's --api-key, for url.")
     python: str = Field(".venv-sglang/bin/python", description="The python of SGLang's own environment (in the "
-                        "CUDA image: python).")
+                        "CUDA image: /opt/sglang/bin/python).")
     pythonpath: list[str] = Field([], description="Extra PYTHONPATH of a server this replica starts.")
     weights: Literal["disk", "distributed"] = Field("disk", description="How verified weights reach the server: "
                                                     "files on disk, or SGLang's distributed weight update.")

@@ -93,7 +93,7 @@ def test_gpu_rollout_pods_run_sglang_tensor_parallel_over_their_gpus() -> None:
                    if o["metadata"]["labels"].get("app.kubernetes.io/component") == "rollout")
     gpus = int(pod_spec(rollout)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
     assert cfg.rollout.engine == "sglang" and cfg.rollout.sglang.tp == gpus == 8
-    assert cfg.rollout.sglang.python == "/usr/local/bin/python", "the CUDA image's python carries SGLang"
+    assert cfg.rollout.sglang.python == "/opt/sglang/bin/python", "the CUDA image keeps SGLang in its own venv"
     assert cfg.rollout.sglang.mem_fraction_static == 0.85
     mine = render({**scenario_values("gpu-64gpus-2racks"),
                    "runConfig": {**scenario_values("gpu-64gpus-2racks")["runConfig"],

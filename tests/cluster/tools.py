@@ -1,5 +1,6 @@
-"""Where the external tools are; a test skips (saying why) only when scripts/install_cluster_tools.sh could not
-install one (under CI=true a missing one fails: tests/support/requires.py)."""
+"""Where the external tools are; a test skips (saying why) only when the set-up could not install one (the Python
+ones come from locks/dev.txt, promtool from scripts/install_system_tools.sh; under CI=true a missing one fails:
+tests/support/requires.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from tests.support.requires import missing
 
-INSTALL = "run scripts/install_cluster_tools.sh"
+INSTALL = "bash scripts/dev.sh test sets it up: locks/dev.txt, scripts/install_system_tools.sh"
 
 
 def need_module(name: str, module_level: bool = False) -> None:

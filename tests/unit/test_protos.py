@@ -30,6 +30,22 @@ def test_stale_stub_is_detected(tmp_path: Path) -> None:
     assert "trainer_pb2" in result.stderr
 
 
+def test_a_generator_other_than_the_locked_one_is_named(tmp_path: Path) -> None:
+    """Stubs equal but for the version stamps (what a newer grpcio-tools writes): still stale (the stamps set the
+    oldest runtime the stubs accept), and the message says the generator is not the locked one."""
+    subprocess.run(["cp", "-r", str(ROOT / "proto"), str(ROOT / "rlfleet"), str(ROOT / "scripts"), str(tmp_path)],
+                   check=True)
+    stub = tmp_path / "rlfleet" / "v1" / "buffer_pb2_grpc.py"
+    text = stub.read_text()
+    assert "GRPC_GENERATED_VERSION = '" in text
+    stub.write_text(text.replace("GRPC_GENERATED_VERSION = '", "GRPC_GENERATED_VERSION = '0.", 1))
+    result = subprocess.run([sys.executable, "scripts/gen_protos.py", "--check"], cwd=tmp_path, capture_output=True,
+                            text=True)
+    assert result.returncode == 1
+    assert "stale generated stubs: ['buffer_pb2_grpc.py']" in result.stderr
+    assert "only the generator's version stamps differ" in result.stderr
+
+
 def _methods(module: object, service: str) -> set[str]:
     return set(module.DESCRIPTOR.services_by_name[service].methods_by_name)  # type: ignore[attr-defined]
 
