@@ -21,11 +21,11 @@ docs/dependencies.md says when to use which and how a refresh is reviewed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +91,13 @@ def read_pins(lock: Path) -> dict[str, str]:
         if match:
             pins[normalize(match[1])] = match[2]
     return pins
+
+
+def unhashed(lock: Path) -> list[str]:
+    """Pins of a lock not followed by a `--hash=` line."""
+    lines = lock.read_text().splitlines()
+    return [normalize(m[1]) for i, line in enumerate(lines) if (m := _PIN.match(line))
+            and not (i + 1 < len(lines) and lines[i + 1].strip().startswith("--hash="))]
 
 
 # --- verify: the running environment against a lock (stdlib only) --------------------------------------------------
@@ -167,6 +174,8 @@ def check(root: Path = ROOT) -> list[str]:
             problems.append(f"locks/{path.name} is missing: run python scripts/locks.py refresh")
             continue
         pins = pins_of[lock.name] = read_pins(path)
+        problems += [f"{lock.name}: {name} has no --hash (every file must be checked at install)"
+                     for name in unhashed(path)]
         for text in _requirements_of(lock, root):
             req = Requirement(text)
             if req.marker is not None and not req.marker.evaluate({"python_version": PYTHON_VERSION,
@@ -235,8 +244,9 @@ def compile_lock(lock: Lock, upgrade: bool, upgrade_packages: list[str]) -> None
     if lock.constrained_by:
         base = read_pins(BY_NAME[lock.constrained_by].path)
         pins = "".join(f"{name}=={version}\n" for name, version in sorted(base.items()) if name not in lock.own)
-        constraints = Path(tempfile.mkdtemp()) / f"{lock.constrained_by}-pins.txt"
-        constraints.write_text(pins)
+        constraints = Path("build") / "locks" / f"{lock.constrained_by}-pins.txt"    # a stable name: uv cites it
+        (ROOT / constraints).parent.mkdir(parents=True, exist_ok=True)
+        (ROOT / constraints).write_text(pins)
         cmd += ["--constraints", str(constraints)]
     if lock.no_deps:
         cmd.append("--no-deps")
@@ -246,6 +256,28 @@ def compile_lock(lock: Lock, upgrade: bool, upgrade_packages: list[str]) -> None
         cmd += ["--upgrade-package", package]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
+    _hash_local_wheels(lock.path)
+
+
+def _hash_local_wheels(path: Path) -> None:
+    """uv leaves a pin unhashed when it comes from --find-links under --no-deps (torch's CPU wheel in sglang-cpu):
+    hash that file here, so every pin of every lock is checked at install."""
+    lines = path.read_text().splitlines()
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        match = _PIN.match(line)
+        hashed = i + 1 < len(lines) and lines[i + 1].strip().startswith("--hash=")
+        if match and not hashed and not line.rstrip().endswith("\\"):
+            name, version = match[1], match[2]
+            stem = f"{name.replace('-', '_')}-{version}-"
+            wheels = sorted(p for p in Path(FIND_LINKS).glob("*.whl") if p.name.lower().startswith(stem.lower()))
+            if not wheels:
+                raise SystemExit(f"{path.name}: {name}=={version} has no hash and no wheel in {FIND_LINKS}")
+            out.append(f"{line} \\")
+            out += [f"    --hash=sha256:{hashlib.sha256(w.read_bytes()).hexdigest()}" for w in wheels]
+            continue
+        out.append(line)
+    path.write_text("\n".join(out) + "\n")
 
 
 def refresh(upgrade: bool, upgrade_packages: list[str]) -> int:

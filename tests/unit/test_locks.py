@@ -77,6 +77,16 @@ def test_check_fails_two_locks_that_disagree(tmp_path: Path) -> None:
     assert f"runtime pins pydantic==0.0.1 where dev pins {version}" in locks.check(root)
 
 
+def test_check_fails_a_pin_without_a_hash(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    lock = root / "locks" / "sglang-cpu.txt"
+    lines = lock.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("torch=="))
+    assert lines[at + 1].strip().startswith("--hash=sha256:")
+    lock.write_text("\n".join(lines[:at] + [lines[at].removesuffix(" \\")] + lines[at + 2:]) + "\n")
+    assert "sglang-cpu: torch has no --hash (every file must be checked at install)" in locks.check(root)
+
+
 def test_check_fails_floors_the_stubs_refuse(tmp_path: Path) -> None:
     root = _copy_tree(tmp_path)
     text = (root / "pyproject.toml").read_text()
