@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlfleet.metrics import read_jsonl  # noqa: E402
+from rlfleet.runtime.metrics import read_jsonl  # noqa: E402
 from tests.support.runs import failure_report, run_rlfleet, summary  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -15,7 +15,7 @@ try --producers 8); with
 
 Client paths (`--paths`, each run back to back in every round, so each one's ratio is same-run): `old` Puts
 PutRequest messages and calls Ack after every GetBatch; `fold` folds each step's Ack into the next GetBatch
-(`ack_through_step`); `new` also frames each Put from the serialized samples (rlfleet.put_wire), as the rollout
+(`ack_through_step`); `new` also frames each Put from the serialized samples (rlfleet.sample.put_wire), as the rollout
 replica does. Server-side changes (batched sample validation) apply to every path.
 
 Latency: `streaming` is put->get while the buffer runs full (mostly queueing: up to `capacity` samples wait ahead
@@ -44,8 +44,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlfleet.put_wire import encode_put_request, raw_put  # noqa: E402
-from rlfleet.rpc import channel, wait_healthy  # noqa: E402
+from rlfleet.runtime.rpc import channel, wait_healthy  # noqa: E402
+from rlfleet.sample.put_wire import encode_put_request, raw_put  # noqa: E402
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2  # noqa: E402
 from tests.support.redis_server import RedisServer, free_port  # noqa: E402
 
@@ -160,7 +160,7 @@ def run_service(work: Path, store: str, redis_url: str, redis_pid: int, size: in
     """(samples/s, streaming latencies, idle latencies, CPU seconds by process, samples) of the buffer on a store;
     fsync: the embedded log's policy, or Redis's appendfsync. path: old (PutRequest messages, an Ack call after
     every GetBatch), fold (the same Puts, each step's Ack folded into the next GetBatch: ack_through_step; the last
-    step's by Ack) or new (fold, and Puts framed from serialized samples: rlfleet.put_wire)."""
+    step's by Ack) or new (fold, and Puts framed from serialized samples: rlfleet.sample.put_wire)."""
     new, fold = path == "new", path in ("fold", "new")
     if store == "redis":
         redis.Redis.from_url(redis_url).config_set("appendfsync", fsync)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from rlfleet.protocols import GroupTicket, Prompt, RolloutContext, RolloutFn, SamplingParams  # noqa: E402
-from rlfleet.rpc import channel  # noqa: E402
+from rlfleet.runtime.rpc import channel  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
 from rlfleet.services.buffer.core import BufferCore  # noqa: E402
 from rlfleet.services.buffer.filters import load_filters  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlfleet.metrics import read_jsonl  # noqa: E402
+from rlfleet.runtime.metrics import read_jsonl  # noqa: E402
 from tests.support.runs import run_rlfleet  # noqa: E402
 
 

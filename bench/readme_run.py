@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlfleet.metrics import read_jsonl  # noqa: E402
+from rlfleet.runtime.metrics import read_jsonl  # noqa: E402
 
 
 def worktree(rev: str, parent: Path) -> Path:

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlfleet.config import dump_config, load_config  # noqa: E402
-from rlfleet.launcher import LocalRun, resolve, with_endpoints  # noqa: E402
-from rlfleet.rpc import channel, read_token  # noqa: E402
+from rlfleet.local.launcher import LocalRun, resolve, with_endpoints  # noqa: E402
+from rlfleet.runtime.rpc import channel, read_token  # noqa: E402
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "addition" / "config.yaml"

@@ -1,8 +1,9 @@
 """Per-sample CPU of the buffer's Put validation and framing and of the trainer's batch build, each against the
 per-sample / per-row form it replaced, measured in the same run. Prints, never asserts.
 
-  validate  rlfleet.sample_batch_check.first_invalid over a Put's samples vs validate_message on each sample
-  put frame rlfleet.put_wire.encode_put_request of serialized samples vs PutRequest(samples=...).SerializeToString()
+  validate  rlfleet.sample.batch_check.first_invalid over a Put's samples vs validate_message on each sample
+  put frame rlfleet.sample.put_wire.encode_put_request of serialized samples vs
+  PutRequest(samples=...).SerializeToString()
   build     rlfleet.services.trainer.batch.build_train_batch (joined fields scattered at once) vs the per-row form
             (one torch.tensor per row and field: `per_row_build` below, the code it replaced)
 Run: python bench/sample_decode.py [--samples 32] [--repeats 5]
@@ -22,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.buffer_throughput import payload_sample  # noqa: E402
-from rlfleet.put_wire import encode_put_request  # noqa: E402
 from rlfleet.sample import Sample, validate_message  # noqa: E402
-from rlfleet.sample_batch_check import first_invalid  # noqa: E402
+from rlfleet.sample.batch_check import first_invalid  # noqa: E402
+from rlfleet.sample.put_wire import encode_put_request  # noqa: E402
 from rlfleet.services.trainer.batch import build_train_batch  # noqa: E402
 from rlfleet.v1 import buffer_pb2  # noqa: E402
 

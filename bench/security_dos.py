@@ -23,8 +23,8 @@ from pathlib import Path
 import grpc
 import yaml
 
-from rlfleet.ports import free_ports
-from rlfleet.rpc import channel, wait_healthy
+from rlfleet.runtime.ports import free_ports
+from rlfleet.runtime.rpc import channel, wait_healthy
 from rlfleet.security.identity import load_identity
 from rlfleet.security.pki import create_run_pki
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlfleet.config import parse_config
-from rlfleet.ports import free_ports
+from rlfleet.runtime.ports import free_ports
 
 
 def _peak_mb() -> float:

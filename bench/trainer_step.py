@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlfleet.config import parse_config  # noqa: E402
-from rlfleet.ports import free_ports  # noqa: E402
+from rlfleet.runtime.ports import free_ports  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
 from rlfleet.services.trainer.algorithms import resolve  # noqa: E402
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed  # noqa: E402

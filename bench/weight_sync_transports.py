@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlfleet.rpc import Server, channel  # noqa: E402
+from rlfleet.runtime.rpc import Server, channel  # noqa: E402
 from rlfleet.services.weight_sync.board import VersionBoard  # noqa: E402
 from rlfleet.services.weight_sync.servicer import WeightSyncServicer  # noqa: E402
 from rlfleet.services.weight_sync.transports.contract import Receiver, Sender  # noqa: E402
@@ -58,7 +58,7 @@ class Plane:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry
 
-        from rlfleet.metrics import WeightSyncMetrics
+        from rlfleet.runtime.metrics import WeightSyncMetrics
 
         self.server = Server("127.0.0.1:0", None)
         self.server.add(weight_sync_pb2_grpc.add_WeightSyncServicer_to_server,

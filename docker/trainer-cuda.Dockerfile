@@ -3,7 +3,7 @@
 # Build from the repository root: docker/build.sh (or docker build -f docker/trainer-cuda.Dockerfile .)
 FROM python:3.11.9-slim-bookworm
 
-# glibc malloc keeps freed tensors' memory for reuse (rlfleet/malloc_env.py: MALLOC_TUNABLES)
+# glibc malloc keeps freed tensors' memory for reuse (rlfleet/local/malloc_env.py: MALLOC_TUNABLES)
 ENV GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if ns.command == "scale":
-        from rlfleet.scaling import ScaleError, scale
+        from rlfleet.local.scaling import ScaleError, scale
 
         try:
             status = scale(Path(ns.run_dir), ns.target, ns.timeout)
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     # the services the launcher starts (it puts the same directory on their PYTHONPATH); examples/ is not installed.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from rlfleet.launcher import RunError, run
-    from rlfleet.preflight import check_run
+    from rlfleet.local.launcher import RunError, run
+    from rlfleet.local.preflight import check_run
 
     try:
         cfg = load_config(ns.config, _overrides(ns.set))
@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> int:
-    """The `rlfleet` command (and `python -m rlfleet.cli`): main, then a quick exit (rlfleet/process_exit.py)."""
-    from rlfleet.process_exit import without_final_collection
+    """The `rlfleet` command (and `python -m rlfleet.cli`): main, then a quick exit
+    (rlfleet/runtime/process_exit.py)."""
+    from rlfleet.runtime.process_exit import without_final_collection
 
     return without_final_collection(main())
 

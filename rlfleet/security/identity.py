@@ -1,7 +1,8 @@
 """What a process presents on the wire (its credential), and the identity a server reads from a peer.
 
 A `Credential` is one of: an `Identity` (mTLS: key, certificate and the run CA), a str (the shared run token of
-`security.mode: token`), or None (`security.mode: none`). Servers and channels (rlfleet.rpc) take any of the three.
+`security.mode: token`), or None (`security.mode: none`). Servers and channels (rlfleet.runtime.rpc) take any of the
+three.
 """
 
 from __future__ import annotations

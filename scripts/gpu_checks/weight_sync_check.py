@@ -51,7 +51,7 @@ def params(mb: int, device: str) -> list[tuple[str, torch.Tensor]]:
 
 
 def _trainer(kind: str, address: str, mb: int, bucket_mb: int, device: str, conn: Connection) -> None:
-    from rlfleet.rpc import channel
+    from rlfleet.runtime.rpc import channel
     from rlfleet.services.weight_sync.transports.bucketed.sender import BucketedSender
     from rlfleet.services.weight_sync.transports.peers import PeerDirectory
 
@@ -81,8 +81,8 @@ def _trainer(kind: str, address: str, mb: int, bucket_mb: int, device: str, conn
 def run(kind: str, mb: int, bucket_mb: int) -> list[float]:
     from prometheus_client import CollectorRegistry
 
-    from rlfleet.metrics import WeightSyncMetrics
-    from rlfleet.rpc import Server, channel
+    from rlfleet.runtime.metrics import WeightSyncMetrics
+    from rlfleet.runtime.rpc import Server, channel
     from rlfleet.services.weight_sync.board import VersionBoard
     from rlfleet.services.weight_sync.servicer import WeightSyncServicer
     from rlfleet.services.weight_sync.transports.peers import PeerDirectory

@@ -10,7 +10,7 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from rlfleet.metrics import ControllerMetrics
+from rlfleet.runtime.metrics import ControllerMetrics
 from rlfleet.services.controller.controller import Controller
 from rlfleet.services.controller.events import EventRecorder
 from rlfleet.services.controller.kube import Kube

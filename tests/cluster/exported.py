@@ -7,7 +7,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
-from rlfleet import metrics as m
+from rlfleet.runtime import metrics as m
 
 _SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
              "gauge": ("",), "summary": ("_sum", "_count", "_created", ""), "untyped": ("",), "info": ("_info",)}
@@ -36,7 +36,8 @@ def scrape(port: int, timeout: float = 5.0) -> str:
 
 
 def sdk_registry() -> CollectorRegistry:
-    """Every metric class of rlfleet.metrics in one registry, as the four services and the controller build them."""
+    """Every metric class of rlfleet.runtime.metrics in one registry, as the four services and the
+    controller build them."""
     registry = CollectorRegistry()
     m.RolloutMetrics(registry, replica="rollout-0")
     m.BufferMetrics(registry)

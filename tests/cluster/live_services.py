@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from rlfleet.ports import free_port
+from rlfleet.runtime.ports import free_port
 from tests.cluster.exported import names_in_exposition, scrape
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlfleet.metrics import serve_metrics
-from rlfleet.ports import free_port
+from rlfleet.runtime.metrics import serve_metrics
+from rlfleet.runtime.ports import free_port
 from tests.cluster.chart import by_kind, render
 from tests.cluster.exported import names_in_exposition, names_in_promql, scrape, sdk_registry
 from tests.cluster.tools import need_binary, need_module

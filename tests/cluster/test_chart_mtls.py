@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from rlfleet.config import parse_config
-from rlfleet.rpc import Server
+from rlfleet.runtime.rpc import Server
 from rlfleet.security.credentials import load_credential
 from rlfleet.security.identity import IDENTITY_ENV, Identity
 from rlfleet.security.pki import create_ca

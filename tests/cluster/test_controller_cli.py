@@ -11,7 +11,7 @@ import yaml  # noqa: E402
 from kubernetes import client  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from rlfleet.metrics import ControllerMetrics  # noqa: E402
+from rlfleet.runtime.metrics import ControllerMetrics  # noqa: E402
 from rlfleet.services.controller.__main__ import build  # noqa: E402
 from rlfleet.services.controller.settings import parse_settings  # noqa: E402
 from tests.cluster.chart import by_kind, component, pod_spec, render  # noqa: E402

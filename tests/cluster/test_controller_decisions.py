@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlfleet import exit_codes
-from rlfleet.exit_codes import DEVICE_FAULT, is_device_fault
+from rlfleet.runtime import exit_codes
+from rlfleet.runtime.exit_codes import DEVICE_FAULT, is_device_fault
 from rlfleet.services.controller.decisions import (
     DEAD_REPLICA,
     HUNG_RANK,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.metrics import serve_metrics
-from rlfleet.ports import free_port
+from rlfleet.runtime.metrics import serve_metrics
+from rlfleet.runtime.ports import free_port
 from tests.cluster.exported import names_in_exposition, names_in_promql, scrape, sdk_registry
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "deploy/helm/rlfleet/dashboards").glob("*.json"))
@@ -24,7 +24,7 @@ def _targets(dashboard: dict) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def live_names() -> set[str]:
-    """Scraped over HTTP from rlfleet.metrics.serve_metrics serving every SDK metric class."""
+    """Scraped over HTTP from rlfleet.runtime.metrics.serve_metrics serving every SDK metric class."""
     port = free_port()
     serve_metrics(sdk_registry(), port, addr="127.0.0.1")
     names = names_in_exposition(scrape(port))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from rlfleet.ranks import RankLayoutError, pod_from_env, pod_ranks
+from rlfleet.services.trainer.ranks import RankLayoutError, pod_from_env, pod_ranks
 from tests.cluster.chart import by_kind, pod_spec, render, scenario_values
 
 

@@ -1,6 +1,6 @@
 """Dashboards and alerts read only what the real services export: the four services are started on loopback (as
 the chart starts them) and their /metrics scraped. The controller's own metrics come from its registry served by
-rlfleet.metrics.serve_metrics (it needs a Kubernetes API to start)."""
+rlfleet.runtime.metrics.serve_metrics (it needs a Kubernetes API to start)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from rlfleet.metrics import ControllerMetrics, serve_metrics
-from rlfleet.ports import free_port
+from rlfleet.runtime.metrics import ControllerMetrics, serve_metrics
+from rlfleet.runtime.ports import free_port
 from tests.cluster.exported import names_in_exposition, names_in_promql, scrape
 from tests.cluster.live_services import SERVICES, LiveServices, write_config
 

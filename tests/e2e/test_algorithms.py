@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rlfleet.metrics import read_jsonl
+from rlfleet.runtime.metrics import read_jsonl
 from tests.support.runs import failure_report, run_rlfleet, summary
 
 pytestmark = pytest.mark.slow

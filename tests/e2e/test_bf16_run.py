@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.metrics import read_jsonl
+from rlfleet.runtime.metrics import read_jsonl
 from tests.support.runs import failure_report, run_rlfleet, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.metrics import read_jsonl
 from rlfleet.protocols import GroupTicket, Prompt, RolloutContext
+from rlfleet.runtime.metrics import read_jsonl
 from rlfleet.sample import Sample
 from rlfleet.services.rollout.rollout_fns import single_turn
 from tests.support.runs import EXAMPLE, ROOT, rlfleet_cmd, summary

@@ -3,7 +3,8 @@
 put      every sample id the store ever held: the embedded log's Add records (the log is append-only; it is only
          rewritten by compaction past 64 MiB, which a harness run never reaches), or for Redis the XADDs to the
          samples stream in redis-server's AOF (appendonly, no rewrite below 64 MiB)
-trained  the committed_ids_rank*.json of every complete checkpoint (rlfleet/committed_ids.py), per step: an id in two
+trained  the committed_ids_rank*.json of every complete checkpoint (rlfleet/run_dir/committed_ids.py), per step: an id
+in two
          checkpoints was trained twice
 dropped  the store's drop counters by reason (State.dropped, persisted with every commit); with the embedded store
          also per sample id, from the log's records that drop samples (Close, Stale, Cancel, Quarantine)
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlfleet.committed_ids import complete_step
+from rlfleet.run_dir.committed_ids import complete_step
 from rlfleet.services.buffer.mutations import Add, Cancel, Close, Quarantine, Stale
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import Store

@@ -47,7 +47,7 @@ from typing import TypeVar
 import grpc
 import yaml
 
-from rlfleet.rpc import wait_healthy
+from rlfleet.runtime.rpc import wait_healthy
 from rlfleet.services.buffer.stores import Store
 from rlfleet.services.buffer.stores.embedded import LOG_NAME, decode_commit
 from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan, scan_bytes

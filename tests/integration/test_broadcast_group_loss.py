@@ -52,7 +52,7 @@ def assert_bit_exact(got: Iterable[tuple[str, torch.Tensor]], version: int, n: i
 
 def _replica(address: str, conn: Connection) -> None:
     """A replica: joins (or not) the broadcast group, then fetches each manifest it is sent and returns the tensors."""
-    from rlfleet.rpc import channel
+    from rlfleet.runtime.rpc import channel
     from rlfleet.services.weight_sync.transports.broadcast.receiver import BroadcastReceiver
     from rlfleet.services.weight_sync.transports.errors import WeightTransferError
     from rlfleet.services.weight_sync.transports.peers import PeerDirectory

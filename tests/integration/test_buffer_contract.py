@@ -283,7 +283,7 @@ def test_claim_back_pressure_paces_the_producer(make_core: Factory) -> None:
 def test_metrics_follow_the_state(make_core: Factory) -> None:
     from prometheus_client import CollectorRegistry
 
-    from rlfleet.metrics import BufferMetrics
+    from rlfleet.runtime.metrics import BufferMetrics
 
     core = make_core(max_staleness=0)
     registry = CollectorRegistry()
@@ -358,7 +358,7 @@ def test_over_sample_issues_more_groups_than_a_step_needs(make_core: Factory) ->
 def test_full_batch_cancels_unusable_groups_in_flight(make_core: Factory) -> None:
     from prometheus_client import CollectorRegistry
 
-    from rlfleet.metrics import BufferMetrics
+    from rlfleet.runtime.metrics import BufferMetrics
 
     core = make_core(max_staleness=0, groups_per_step=2, over_sample=2.0, steps=3, filters=("dynamic_sampling",))
     registry = CollectorRegistry()

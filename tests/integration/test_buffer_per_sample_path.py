@@ -1,5 +1,6 @@
 """The buffer's cheaper per-sample path: the Ack folded into GetBatch (GetBatchRequest.ack_through_step) commits
-exactly what Ack does, and a Put framed from serialized samples (rlfleet.put_wire) is acknowledged only once durable.
+exactly what Ack does, and a Put framed from serialized samples (rlfleet.sample.put_wire) is acknowledged only once
+durable.
 
 On the core of both stores it leaves the same state as GetBatch + Ack, through a restart; on the real buffer process
 over gRPC it survives kill -9: the acked groups are gone, the next step's batch stays delivered, re-asking for a step
@@ -16,8 +17,8 @@ import grpc
 import pytest
 import redis
 
-from rlfleet.put_wire import encode_put_request, raw_put
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
+from rlfleet.sample.put_wire import encode_put_request, raw_put
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.errors import InvalidRequest
 from rlfleet.v1 import buffer_pb2

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from rlfleet.rpc import channel, wait_healthy
+from rlfleet.runtime.rpc import channel, wait_healthy
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.server import start_server
 from rlfleet.services.buffer.settings import BufferSettings

@@ -14,7 +14,7 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.stores import Superseded

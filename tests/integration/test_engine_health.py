@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
 from rlfleet.services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
 from rlfleet.services.rollout.engines.sglang.client import SGLangClient, SGLangError
 from rlfleet.services.rollout.engines.sglang.server import SGLangServer

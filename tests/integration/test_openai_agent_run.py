@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import SamplingParams
-from rlfleet.rpc import Server
+from rlfleet.runtime.rpc import Server
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.messages import sample_seed

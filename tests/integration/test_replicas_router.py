@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from rlfleet.packed_arrays import pack_i32, unpack_i32
-from rlfleet.rpc import Server
+from rlfleet.runtime.rpc import Server
+from rlfleet.sample.packed_arrays import pack_i32, unpack_i32
 from rlfleet.services.rollout.router import ReplicaRouter, rendezvous
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext, RolloutFn, SamplingParams
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
 from rlfleet.sample import Sample
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.server import start_server

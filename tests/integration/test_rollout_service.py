@@ -17,12 +17,12 @@ import pytest
 import torch
 import yaml
 
-from rlfleet.metrics import read_jsonl
-from rlfleet.packed_arrays import pack_i32, unpack_f32, unpack_i32
-from rlfleet.ports import free_port
 from rlfleet.protocols import SamplingParams
-from rlfleet.rpc import Server, channel, wait_healthy
+from rlfleet.runtime.metrics import read_jsonl
+from rlfleet.runtime.ports import free_port
+from rlfleet.runtime.rpc import Server, channel, wait_healthy
 from rlfleet.sample import Sample, Status, validate_message
+from rlfleet.sample.packed_arrays import pack_i32, unpack_f32, unpack_i32
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.messages import sample_seed
 from rlfleet.v1 import (

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from prometheus_client import CollectorRegistry
 
-from rlfleet.lineage import Epoch
-from rlfleet.metrics import WeightSyncMetrics
-from rlfleet.rpc import Server, channel
+from rlfleet.run_dir.lineage import Epoch
+from rlfleet.runtime.metrics import WeightSyncMetrics
+from rlfleet.runtime.rpc import Server, channel
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.stores.embedded import EmbeddedStore
@@ -133,7 +133,7 @@ def test_samples_carry_the_epoch_their_version_was_applied_under(tmp_path: Path)
 
 SUBSCRIBER = """
 import sys
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc
 stub = weight_sync_pb2_grpc.WeightSyncStub(channel(sys.argv[1], None, keepalive_s=3600))
 for manifest in stub.Subscribe(weight_sync_pb2.SubscribeRequest(replica_id="frozen")):

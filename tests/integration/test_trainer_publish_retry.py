@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlfleet.ports import free_ports
+from rlfleet.runtime.ports import free_ports
 from rlfleet.services.trainer.distributed_exit import leave_distributed
 from rlfleet.services.weight_sync.transports.errors import GroupLost
 from rlfleet.services.weight_sync.transports.sharded import ShardedState
@@ -59,8 +59,8 @@ class CountingState(ShardedState):
 def _worker(rank: int, world: int, port: int, model_dir: str, run_dir: str, out: str) -> None:
     from prometheus_client import CollectorRegistry
 
-    from rlfleet.metrics import WeightSyncMetrics
-    from rlfleet.rpc import Server
+    from rlfleet.runtime.metrics import WeightSyncMetrics
+    from rlfleet.runtime.rpc import Server
     from rlfleet.services.trainer.algorithms import resolve
     from rlfleet.services.trainer.backends.fsdp import FsdpBackend
     from rlfleet.services.trainer.batch import rank_groups
@@ -181,8 +181,8 @@ def test_a_whole_state_dict_is_staged_again_locally(tmp_path: Path) -> None:
     """The Megatron path: rank 0 alone holds the full state dict, so a retry needs no other rank."""
     from prometheus_client import CollectorRegistry
 
-    from rlfleet.metrics import WeightSyncMetrics
-    from rlfleet.rpc import Server
+    from rlfleet.runtime.metrics import WeightSyncMetrics
+    from rlfleet.runtime.rpc import Server
     from rlfleet.services.trainer.clients import WeightSyncClient
     from rlfleet.services.trainer.publisher import WeightPublisher
     from rlfleet.services.weight_sync.board import VersionBoard

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlfleet.metrics import read_jsonl
-from rlfleet.ports import free_ports
-from rlfleet.rpc import Server
+from rlfleet.runtime.metrics import read_jsonl
+from rlfleet.runtime.ports import free_ports
+from rlfleet.runtime.rpc import Server
 from rlfleet.sample import Sample
-from rlfleet.sample_limits import model_limits
+from rlfleet.sample.limits import model_limits
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.server import start_server
 from rlfleet.services.buffer.settings import BufferSettings

@@ -16,15 +16,14 @@ import pytest
 import torch
 import yaml
 
-from rlfleet.metrics import read_jsonl
-from rlfleet.packed_arrays import pack_f32, pack_i32
-from rlfleet.ports import free_ports
 from rlfleet.protocols import Prompt
-from rlfleet.rpc import Server
+from rlfleet.runtime.metrics import read_jsonl
+from rlfleet.runtime.ports import free_ports
+from rlfleet.runtime.rpc import Server
 from rlfleet.sample import Sample
+from rlfleet.sample.packed_arrays import pack_f32, pack_i32
 from rlfleet.services.weight_sync.transports.bucketed import fetch
 from rlfleet.services.weight_sync.transports.manifest import digest_of, manifest_digest, manifest_pairs
-from rlfleet.tied import tied_aliases
 from rlfleet.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
@@ -34,6 +33,7 @@ from rlfleet.v1 import (
     weight_sync_pb2_grpc,
     weights_pb2,
 )
+from rlfleet.weights.tied import tied_aliases
 from tests.support.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

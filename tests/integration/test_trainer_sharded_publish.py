@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.config import Config, parse_config
-from rlfleet.ports import free_ports
+from rlfleet.runtime.ports import free_ports
 from rlfleet.services.trainer.distributed_exit import leave_distributed
 from tests.support.ranks import spawn_ranks
 from tests.support.tiny_model import make_tiny_model
@@ -62,8 +62,8 @@ def _worker(rank: int, world: int, port: int, models: dict[str, str], run_dir: s
     from rlfleet.services.trainer.collectives import broadcast_bytes
     from rlfleet.services.trainer.step import StepContext
     from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors
-    from rlfleet.tied import tied_aliases
     from rlfleet.v1 import buffer_pb2
+    from rlfleet.weights.tied import tied_aliases
     from tests.unit.test_trainer_fsdp import batch_for
 
     torch.set_num_threads(1)

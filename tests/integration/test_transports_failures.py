@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlfleet.rpc import Server, channel
+from rlfleet.runtime.rpc import Server, channel
 from rlfleet.services.rollout.weight_updates import WeightUpdater
 from rlfleet.services.weight_sync.board import VersionBoard
 from rlfleet.services.weight_sync.servicer import WeightSyncServicer
@@ -66,7 +66,7 @@ class ControlPlane:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry
 
-        from rlfleet.metrics import WeightSyncMetrics
+        from rlfleet.runtime.metrics import WeightSyncMetrics
 
         self.board = VersionBoard()
         self.server = Server("127.0.0.1:0", None)

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from rlfleet.ports import free_ports
-from rlfleet.rpc import Server, channel
+from rlfleet.runtime.ports import free_ports
+from rlfleet.runtime.rpc import Server, channel
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.weight_updates import TransportReceivers, WeightUpdater, staging_capacity, subscribe_loop
 from rlfleet.services.trainer.distributed_exit import leave_distributed
@@ -37,7 +37,7 @@ TRANSPORTS = ("broadcast", "disk_delta") + (() if NIXL_MISSING else ("nixl",))
 
 
 def _trainer(rank: int, world: int, port: int, model_dir: str, out: str, planes: dict[str, str]) -> None:
-    from rlfleet.rpc import channel as open_channel
+    from rlfleet.runtime.rpc import channel as open_channel
     from rlfleet.services.trainer.algorithms import resolve
     from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
     from rlfleet.services.trainer.batch import rank_groups
@@ -116,7 +116,7 @@ class Replica:
         self.server = Server("127.0.0.1:0", None)
         from prometheus_client import CollectorRegistry
 
-        from rlfleet.metrics import WeightSyncMetrics
+        from rlfleet.runtime.metrics import WeightSyncMetrics
         self.server.add(weight_sync_pb2_grpc.add_WeightSyncServicer_to_server,
                         WeightSyncServicer(self.board, WeightSyncMetrics(CollectorRegistry())), "rlfleet.v1.WeightSync")
         self.server.start()

@@ -11,7 +11,7 @@ import grpc
 import pytest
 import torch
 
-from rlfleet.rpc import Server, channel
+from rlfleet.runtime.rpc import Server, channel
 from rlfleet.services.weight_sync.transports import get_receiver
 from rlfleet.services.weight_sync.transports.bucketed import BucketedSender, WeightTransferError, fetch
 from rlfleet.services.weight_sync.transports.bucketed.receiver import StreamReceiver, receive

@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from rlfleet.ports import free_port
-from rlfleet.rpc import channel, wait_healthy
+from rlfleet.runtime.ports import free_port
+from rlfleet.runtime.rpc import channel, wait_healthy
 from rlfleet.services.weight_sync.transports import get_receiver
 from rlfleet.services.weight_sync.transports.bucketed import BucketedSender
 from rlfleet.services.weight_sync.transports.manifest import digest_of

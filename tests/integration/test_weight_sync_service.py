@@ -11,8 +11,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rlfleet.metrics import WeightSyncMetrics
-from rlfleet.rpc import Server, channel
+from rlfleet.runtime.metrics import WeightSyncMetrics
+from rlfleet.runtime.rpc import Server, channel
 from rlfleet.services.weight_sync.board import VersionBoard
 from rlfleet.services.weight_sync.servicer import WeightSyncServicer
 from rlfleet.services.weight_sync.transports.manifest import manifest_digest

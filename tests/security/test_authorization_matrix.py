@@ -1,6 +1,7 @@
 """Every RPC of every rlfleet service x every role x {no credential, wrong CA, expired, wrong role, right role}.
 
-One mTLS server (rlfleet.rpc.Server with the run's interceptor) hosts every service of the protos with handlers that
+One mTLS server (rlfleet.runtime.rpc.Server with the run's interceptor) hosts every service of the protos with handlers
+that
 answer the default reply, so the table alone decides. The expected allow-list is written out here by hand.
 Refusals at the TLS handshake (no certificate, a foreign CA, an expired certificate) never reach a handler: the
 client sees UNAVAILABLE and the server reads no byte of the request.
@@ -16,7 +17,7 @@ import grpc
 import pytest
 from google.protobuf import message_factory
 
-from rlfleet.rpc import Server, channel
+from rlfleet.runtime.rpc import Server, channel
 from rlfleet.v1 import buffer_pb2, rollout_pb2, trainer_pb2, weight_sync_pb2
 from tests.security.pki_fixtures import ROLE_NAMES, RunPki, make_pki
 

@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from rlfleet.rpc import Server, channel
-from rlfleet.sample_limits import SampleLimits
+from rlfleet.runtime.rpc import Server, channel
+from rlfleet.sample.limits import SampleLimits
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.server import start_server
 from rlfleet.services.buffer.settings import BufferSettings

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlfleet.ports import free_ports
+from rlfleet.runtime.ports import free_ports
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.distributed_exit import leave_distributed
 

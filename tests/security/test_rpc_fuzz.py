@@ -18,8 +18,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlfleet.rpc import Server, channel, wait_healthy
-from rlfleet.sample_limits import SampleLimits
+from rlfleet.runtime.rpc import Server, channel, wait_healthy
+from rlfleet.sample.limits import SampleLimits
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.server import start_server
 from rlfleet.services.buffer.settings import BufferSettings
@@ -91,7 +91,7 @@ def messages(cls: Any, depth: int = 0) -> st.SearchStrategy[Any]:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from prometheus_client import CollectorRegistry
 
-    from rlfleet.metrics import WeightSyncMetrics
+    from rlfleet.runtime.metrics import WeightSyncMetrics
     from rlfleet.services.weight_sync.board import VersionBoard
     from rlfleet.services.weight_sync.servicer import WeightSyncServicer
 

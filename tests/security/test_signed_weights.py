@@ -12,7 +12,7 @@ import pytest
 import torch
 import xxhash
 
-from rlfleet.rpc import Server, channel
+from rlfleet.runtime.rpc import Server, channel
 from rlfleet.security.signing import HashingTee, SignatureError, Signer, Verifier, sign_manifest, verify_weights
 from rlfleet.services.rollout.weight_updates import WeightUpdater
 from rlfleet.services.weight_sync.board import VersionBoard
@@ -68,7 +68,7 @@ class Plane:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry
 
-        from rlfleet.metrics import WeightSyncMetrics
+        from rlfleet.runtime.metrics import WeightSyncMetrics
 
         self.board = VersionBoard()
         self.server = Server("127.0.0.1:0", None)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from rlfleet.ports import free_port
+from rlfleet.runtime.ports import free_port
 
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
 

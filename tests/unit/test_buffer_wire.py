@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.internal.encoder import _VarintBytes
 
-from rlfleet.put_wire import encode_put_request, varint
+from rlfleet.sample.put_wire import encode_put_request, varint
 from rlfleet.services.buffer.mutations import Add, Close, Counters, Issue, Mutation, encode
 from rlfleet.services.buffer.stores.embedded import _body, _body_parts
 from rlfleet.services.buffer.stores.logfile import AppendLog, frame, frame_parts, read_records

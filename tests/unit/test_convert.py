@@ -11,7 +11,7 @@ import torch
 
 from rlfleet.cli import main
 from rlfleet.config import parse_config
-from rlfleet.ports import free_ports
+from rlfleet.runtime.ports import free_ports
 from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve

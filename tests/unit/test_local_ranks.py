@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from rlfleet.ranks import pod_ranks
 from rlfleet.services.trainer.local_ranks import run_local_ranks
+from rlfleet.services.trainer.ranks import pod_ranks
 
 # A stand-in rank: records the environment it was given, then exits with the code named for its rank (or sleeps).
 CHILD = """

@@ -10,14 +10,14 @@ from typing import cast
 import pytest
 import torch
 
-from rlfleet.dtypes import dtype_name
 from rlfleet.services.rollout.engines.base import Engine, EngineError
 from rlfleet.services.rollout.engines.lora import LoraMerger
 from rlfleet.services.rollout.weight_updates import WeightUpdater
 from rlfleet.services.trainer.lora import LoraLinear, apply_lora, is_adapter, merge_adapters
 from rlfleet.services.weight_sync.transports.manifest import digest_of, tensor_xxh64
-from rlfleet.tied import tied_aliases
 from rlfleet.v1 import weights_pb2
+from rlfleet.weights.dtypes import dtype_name
+from rlfleet.weights.tied import tied_aliases
 from tests.support.tiny_model import make_tiny_model
 
 TARGETS = ["q_proj", "v_proj"]

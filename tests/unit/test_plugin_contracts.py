@@ -10,8 +10,8 @@ from typing import Protocol
 import pytest
 
 from rlfleet.config import load_config
+from rlfleet.local.preflight import check_plugins
 from rlfleet.plugins import PluginError, load_callable
-from rlfleet.preflight import check_plugins
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "addition" / "config.yaml"
 

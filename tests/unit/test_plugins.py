@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rlfleet.config import load_config
+from rlfleet.local.preflight import check_plugins
 from rlfleet.plugins import PluginError, load_callable, load_factory, load_hooks
-from rlfleet.preflight import check_plugins
 from rlfleet.protocols import RewardFn
 from rlfleet.rewards.scorer import resolve_reward
 

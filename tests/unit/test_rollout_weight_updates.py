@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlfleet.dtypes import dtype_name
 from rlfleet.protocols import SamplingParams
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.weight_updates import WeightUpdater
 from rlfleet.services.weight_sync.transports.manifest import digest_of, tensor_xxh64
 from rlfleet.v1 import weights_pb2
+from rlfleet.weights.dtypes import dtype_name
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)

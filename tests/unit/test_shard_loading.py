@@ -13,7 +13,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from rlfleet.config import parse_config
-from rlfleet.ports import free_ports
+from rlfleet.runtime.ports import free_ports
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.backends.shard_loading import ShardLoadError, _row_range, load_shards
 from rlfleet.services.trainer.distributed_exit import leave_distributed

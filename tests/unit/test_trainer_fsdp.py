@@ -12,7 +12,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
-from rlfleet.ports import free_ports
+from rlfleet.runtime.ports import free_ports
 from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from rlfleet.config import Config, parse_config
-from rlfleet.ports import free_ports
+from rlfleet.runtime.ports import free_ports
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed

@@ -8,7 +8,7 @@ import time
 import grpc
 import pytest
 
-from rlfleet.rpc import Server, channel
+from rlfleet.runtime.rpc import Server, channel
 from rlfleet.services.trainer.servicer import TrainerServicer, TrainerState
 from rlfleet.v1 import trainer_pb2, trainer_pb2_grpc
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from rlfleet.dtypes import dtype_name
 from rlfleet.services.weight_sync.transports.bucketed.sender import stage_tensors
 from rlfleet.services.weight_sync.transports.layout import TensorSpec
+from rlfleet.weights.dtypes import dtype_name
 
 torch.set_num_threads(1)
 

@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from rlfleet.lineage import Epoch
-from rlfleet.metrics import BufferMetrics
+from rlfleet.run_dir.lineage import Epoch
+from rlfleet.runtime.metrics import BufferMetrics
 from rlfleet.sample import sample_key
-from rlfleet.sample_batch_check import first_invalid
-from rlfleet.sample_limits import SampleLimits
+from rlfleet.sample.batch_check import first_invalid
+from rlfleet.sample.limits import SampleLimits
 from rlfleet.services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted
 from rlfleet.services.buffer.filters import GroupFilter
 from rlfleet.services.buffer.gate import Gate
@@ -300,7 +300,7 @@ class BufferCore:
 
     def _checked(self, samples: Sequence[sample_pb2.Sample]) -> list[tuple[sample_pb2.Sample, bytes]]:
         """(message, its bytes) of each sample; InvalidSample naming the first one over the size limit or invalid
-        (validate_message's checks, run over all the samples at once: rlfleet.sample_batch_check)."""
+        (validate_message's checks, run over all the samples at once: rlfleet.sample.batch_check)."""
         pairs = [(m, m.SerializeToString()) for m in samples]
         for msg, raw in pairs:
             if len(raw) > self.settings.max_sample_bytes:
@@ -323,7 +323,7 @@ class BufferCore:
     @durable_reply
     def get_batch(self, step: int, num_groups: int, policy_version: int, wait: float,
                   lineage: Sequence[Epoch] = (), ack_through: int | None = None) -> BatchResult:
-        """lineage: the trainer's (rlfleet/lineage.py); groups with a sample outside it are dropped
+        """lineage: the trainer's (rlfleet/run_dir/lineage.py); groups with a sample outside it are dropped
         (abandoned_lineage), like those newer than policy_version. ack_through: first acknowledge every batch up to
         that step exactly as ack() does (it must be < step), in the same commit as the delivery (or on its own when
         the call delivers nothing new); durable before the reply, like the delivery."""

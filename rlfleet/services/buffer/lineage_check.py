@@ -1,4 +1,4 @@
-"""Which ready groups are of the trainer's lineage (rlfleet/lineage.py), read from the samples' own bytes.
+"""Which ready groups are of the trainer's lineage (rlfleet/run_dir/lineage.py), read from the samples' own bytes.
 
 The store keeps a sample's weight_version beside its bytes but not its epoch (adding it would change both stores'
 record formats for a check that matters only after a trainer resumed), so the epoch is parsed from the stored
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlfleet.lineage import Epoch, allows
+from rlfleet.run_dir.lineage import Epoch, allows
 from rlfleet.services.buffer.state import Entry, Group
 from rlfleet.v1 import sample_pb2
 

@@ -1,8 +1,8 @@
-"""Prometheus metrics (rlfleet.metrics.BufferMetrics) updated from committed mutations."""
+"""Prometheus metrics (rlfleet.runtime.metrics.BufferMetrics) updated from committed mutations."""
 
 from __future__ import annotations
 
-from rlfleet.metrics import BufferMetrics
+from rlfleet.runtime.metrics import BufferMetrics
 from rlfleet.services.buffer.mutations import (
     AckSteps,
     Add,

@@ -1,5 +1,5 @@
 """Wire the buffer together from a config: store, filters, metrics, gRPC server (SPEC, run by
-rlfleet.service_skeleton.run_service). Runs until SIGTERM."""
+rlfleet.runtime.service_skeleton.run_service). Runs until SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import time
 from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
 
-from rlfleet.committed_ids import committed_after
 from rlfleet.config import Config
-from rlfleet.exit_codes import FAILED, GAVE_UP
-from rlfleet.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.plugins import PluginError
-from rlfleet.rpc import Server
-from rlfleet.sample_limits import model_limits
+from rlfleet.run_dir.committed_ids import committed_after
+from rlfleet.runtime.exit_codes import FAILED, GAVE_UP
+from rlfleet.runtime.metrics import BufferMetrics, JsonlLog, serve_metrics
+from rlfleet.runtime.rpc import Server
+from rlfleet.runtime.service_main import ServiceArgs, listen_address, serve_until
+from rlfleet.runtime.service_skeleton import Outcome, ServiceSpec, StartError
+from rlfleet.sample.limits import model_limits
 from rlfleet.security.identity import Credential
 from rlfleet.security.scrub import redis_url_with_credentials
-from rlfleet.service_main import ServiceArgs, listen_address, serve_until
-from rlfleet.service_skeleton import Outcome, ServiceSpec, StartError
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.filters import load_filters
 from rlfleet.services.buffer.service import SERVICE, BufferService, add_to_server
@@ -83,7 +83,8 @@ def watch_health(core: BufferCore, server: Server, stop: threading.Event, every:
 
 
 class BufferServer:
-    """The running buffer (a rlfleet.service_skeleton.Service): store and core, gRPC server, metrics, health watch."""
+    """The running buffer (a rlfleet.runtime.service_skeleton.Service): store and core, gRPC server, metrics,
+    health watch."""
 
     def __init__(self, args: ServiceArgs) -> None:
         cfg = args.config

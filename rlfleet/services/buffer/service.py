@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rlfleet.lineage import Epoch
+from rlfleet.run_dir.lineage import Epoch
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.errors import (
     BufferFull,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlfleet.put_wire import varint
+from rlfleet.sample.put_wire import varint
 from rlfleet.v1 import buffer_pb2
 
 _SAMPLES_TAG = b"\x12"        # Batch.samples: field 2, wire type 2 (length-delimited)

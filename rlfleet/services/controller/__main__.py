@@ -11,7 +11,7 @@ from kubernetes import client, config
 from prometheus_client import CollectorRegistry
 
 from rlfleet.config import load_config
-from rlfleet.metrics import ControllerMetrics, serve_metrics
+from rlfleet.runtime.metrics import ControllerMetrics, serve_metrics
 from rlfleet.security.credentials import load_credential
 from rlfleet.services.controller.controller import Controller
 from rlfleet.services.controller.events import EventRecorder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from rlfleet.metrics import ControllerMetrics
+from rlfleet.runtime.metrics import ControllerMetrics
 from rlfleet.services.controller.decisions import (
     DEAD_REPLICA,
     TRAINER,

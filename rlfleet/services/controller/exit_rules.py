@@ -3,7 +3,8 @@ the application is (restart, never quarantine). A crash that is the run's own, f
 would otherwise taint one healthy node per restart.
 
 Node-level signals only: the node going NotReady/Unknown (decisions.py, before any exit code is read), a process
-that found its accelerator faulty (exit DEVICE_FAULT, rlfleet/exit_codes.py), SIGBUS (what the kernel sends on an
+that found its accelerator faulty (exit DEVICE_FAULT, rlfleet/runtime/exit_codes.py), SIGBUS (what the kernel sends on
+an
 uncorrectable memory error). Everything else restarts without quarantine: rlfleet's own codes, the kernel's OOM
 kill (the run's sizing), kills from outside (eviction, preemption, deletion), native crashes (SIGSEGV, SIGABRT:
 software, usually) and any code not listed. A hung rank is judged by its progress, not here (progress.py).
@@ -15,7 +16,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rlfleet.exit_codes import DEVICE_FAULT, FAILED, GAVE_UP, USAGE
+from rlfleet.runtime.exit_codes import DEVICE_FAULT, FAILED, GAVE_UP, USAGE
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlfleet.config import Config
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
 from rlfleet.security.identity import Credential
 from rlfleet.services.controller.progress import TrainerProgress
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, trainer_pb2, trainer_pb2_grpc

@@ -7,7 +7,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 
-from rlfleet.metrics import ControllerMetrics
+from rlfleet.runtime.metrics import ControllerMetrics
 from rlfleet.services.controller.decisions import DEAD_REPLICA, TRAINER, Failure
 from rlfleet.services.controller.events import EventRecorder
 from rlfleet.services.controller.kube import Kube

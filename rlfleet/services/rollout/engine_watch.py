@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlfleet.exit_codes import GAVE_UP
+from rlfleet.runtime.exit_codes import GAVE_UP
 from rlfleet.services.rollout.engines.base import Engine
 
 log = logging.getLogger(__name__)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import xxhash
 
 from rlfleet.config import SamplingConfig
-from rlfleet.packed_arrays import pack_f32, pack_i32, unpack_i32
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.sample import Status
+from rlfleet.sample.packed_arrays import pack_f32, pack_i32, unpack_i32
 from rlfleet.v1 import rollout_pb2
 
 

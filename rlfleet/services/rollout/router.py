@@ -22,7 +22,7 @@ import grpc
 import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
 from rlfleet.security.identity import Credential
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
 

@@ -1,6 +1,6 @@
 """The rollout replica: loads plugins and the engine, serves rlfleet.v1.Rollout, runs the weight subscription and
 the work loop until the buffer says the run is finished, then serves Generate until SIGTERM (SPEC, run by
-rlfleet.service_skeleton.run_service).
+rlfleet.runtime.service_skeleton.run_service).
 
     python -m rlfleet.services.rollout --config X --replica-index I [--replica-id ID] [--listen H:P] [--metrics-port P]
 """
@@ -19,18 +19,18 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from rlfleet.config import Config, ConfigError
-from rlfleet.data_files import DataError, rollout_source
-from rlfleet.exit_codes import FAILED, OK
-from rlfleet.metrics import RolloutMetrics, serve_metrics
+from rlfleet.data.files import DataError, rollout_source
 from rlfleet.plugins import PluginError, load_callable
 from rlfleet.protocols import DataSource, RolloutFn
 from rlfleet.rewards.scorer import Scorer, load_scorer
-from rlfleet.rpc import Server, channel, wait_healthy
+from rlfleet.runtime.exit_codes import FAILED, OK
+from rlfleet.runtime.metrics import RolloutMetrics, serve_metrics
+from rlfleet.runtime.rpc import Server, channel, wait_healthy
+from rlfleet.runtime.service_main import ServiceArgs, listen_address, serve_until
+from rlfleet.runtime.service_skeleton import Outcome, ServiceSpec, StartError
 from rlfleet.sample import Sample
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import weight_verifier
-from rlfleet.service_main import ServiceArgs, listen_address, serve_until
-from rlfleet.service_skeleton import Outcome, ServiceSpec, StartError
 from rlfleet.services.rollout.context import ServiceContext
 from rlfleet.services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
 from rlfleet.services.rollout.engines import make_engine
@@ -100,7 +100,8 @@ def _wait_for_peers(cfg: Config, token: Credential, engine: Engine) -> None:
 
 
 class RolloutReplica:
-    """The running replica (a rlfleet.service_skeleton.Service): engine, weight subscription, work loop, gRPC server,
+    """The running replica (a rlfleet.runtime.service_skeleton.Service): engine, weight subscription, work loop, gRPC
+    server,
     OpenAI endpoint and metrics, started in that order; close() stops them in the order below."""
 
     def __init__(self, args: ServiceArgs, receivers: Receivers = default_receivers) -> None:

@@ -8,7 +8,7 @@ from concurrent.futures import wait
 
 import grpc
 
-from rlfleet.packed_arrays import unpack_i32
+from rlfleet.sample.packed_arrays import unpack_i32
 from rlfleet.services.rollout.context import ServiceContext
 from rlfleet.services.rollout.engines.base import Engine, EngineError
 from rlfleet.services.rollout.messages import generation_to_proto, sampling_from_proto

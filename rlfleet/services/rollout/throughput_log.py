@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rlfleet.metrics import JsonlLog, RolloutMetrics
+from rlfleet.runtime.metrics import JsonlLog, RolloutMetrics
 from rlfleet.services.rollout.engines.base import Engine
 
 

@@ -24,8 +24,8 @@ from rlfleet.services.rollout.engines.lora import LoraMerger
 from rlfleet.services.weight_sync.transports.contract import Fetch, Receiver, ReceiverSetup, WeightHolder
 from rlfleet.services.weight_sync.transports.manifest import digest_of
 from rlfleet.services.weight_sync.transports.registry import transport
-from rlfleet.tied import TIED_OPTION, with_aliases
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
+from rlfleet.weights.tied import TIED_OPTION, with_aliases
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class WeightUpdater:
     def epoch_of(self, version: int) -> int:
         """The trainer epoch under which `version` was last applied (0: the initial weights, or a version applied
         longer ago than the staleness any buffer keeps). Samples carry it (Sample.weight_epoch): the same version
-        number under two epochs names two different sets of weights (rlfleet/lineage.py)."""
+        number under two epochs names two different sets of weights (rlfleet/run_dir/lineage.py)."""
         return self._epochs.get(version, 0)
 
     def _applied(self, version: int, epoch: int) -> None:
@@ -206,8 +206,8 @@ class TransportReceivers:
 
 def staging_capacity(engine: WeightHolder, bucket_bytes: int) -> int:
     """Bytes of one NIXL staging slot for this engine's weights laid out in buckets (padding included)."""
-    from rlfleet.dtypes import dtype_name
     from rlfleet.services.weight_sync.transports.layout import TensorSpec, plan
+    from rlfleet.weights.dtypes import dtype_name
 
     specs = [TensorSpec(n, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size())
              for n, t in engine.named_weights()]

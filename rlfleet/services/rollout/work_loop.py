@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet.protocols import DataSource, GroupTicket, RolloutContext, RolloutFn, iter_samples
-from rlfleet.put_wire import RawPut, encode_put_request, raw_put
 from rlfleet.sample import Sample, Status
+from rlfleet.sample.put_wire import RawPut, encode_put_request, raw_put
 from rlfleet.services.rollout.context import GroupContext
 from rlfleet.services.rollout.engines.base import Engine, admission_held
 from rlfleet.services.rollout.rollout_fns import single_turn
@@ -63,7 +63,7 @@ class _Waiting:
 
 class SamplePutter:
     """Put samples; on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED keep them and retry with backoff.
-    put: Buffer.Put taking an encoded PutRequest (rlfleet.put_wire.raw_put): each sample is serialized once and
+    put: Buffer.Put taking an encoded PutRequest (rlfleet.sample.put_wire.raw_put): each sample is serialized once and
     framed, never copied into a PutRequest message (which costs ~8x more to serialize for a large sample).
 
     Groups that finish together share a Put: callers of deliver_many queue their samples, and while one caller's

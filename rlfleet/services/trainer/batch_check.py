@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlfleet.sample import SampleError, validate_message
-from rlfleet.sample_batch_check import first_invalid
-from rlfleet.sample_limits import SampleLimits
+from rlfleet.sample.batch_check import first_invalid
+from rlfleet.sample.limits import SampleLimits
 from rlfleet.v1 import buffer_pb2, sample_pb2
 
 
@@ -53,7 +53,7 @@ def sample_problem(msg: sample_pb2.Sample, limits: BatchLimits) -> str | None:
 
 def check_batch(batch: buffer_pb2.Batch, limits: BatchLimits) -> None:
     """Raise BatchUnusable naming every group with a sample the trainer cannot use (the first sample's reason).
-    A batch that passes whole (rlfleet.sample_batch_check: one numpy pass per field, as the buffer's Put checks)
+    A batch that passes whole (rlfleet.sample.batch_check: one numpy pass per field, as the buffer's Put checks)
     is not checked sample by sample: one by one it was ~3.5 ms of a 256-sample batch's fetch."""
     msgs = batch.samples
     if first_invalid(msgs, SampleLimits(vocab_size=limits.vocab_size)) is None and (

@@ -14,7 +14,7 @@ from rlfleet.services.trainer.algorithms import resolve
 
 def check(section: str) -> str:
     """The one-line reason a trainer section (JSON) is refused, "" when its names resolve. Also asked of a warm
-    trainer interpreter (rlfleet/warm_interpreter.py) by `rlfleet run`."""
+    trainer interpreter (rlfleet/local/warm_interpreter.py) by `rlfleet run`."""
     try:
         resolve(TrainerConfig.model_validate(json.loads(section)))
     except Exception as exc:  # noqa: BLE001 - any refusal becomes the one-line reason check prints

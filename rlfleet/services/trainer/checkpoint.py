@@ -25,8 +25,8 @@ import xxhash
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rlfleet.atomic import write_bytes_atomic, write_text_atomic
-from rlfleet.committed_ids import committed_ids_name
+from rlfleet.run_dir.atomic import write_bytes_atomic, write_text_atomic
+from rlfleet.run_dir.committed_ids import committed_ids_name
 from rlfleet.security.safe_unpickle import SafeFileSystemReader, SafeLoadPlanner
 
 log = logging.getLogger(__name__)

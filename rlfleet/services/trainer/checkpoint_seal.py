@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from rlfleet.atomic import write_bytes_atomic, write_text_atomic
+from rlfleet.run_dir.atomic import write_bytes_atomic, write_text_atomic
 from rlfleet.security.signing import SignatureError, Signer, Verifier, file_blake3, sign_file, verify_file
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.checkpoint import CheckpointInfo

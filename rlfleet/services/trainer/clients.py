@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rlfleet.lineage import Epoch
-from rlfleet.rpc import DEFAULT_DEADLINE, channel
+from rlfleet.run_dir.lineage import Epoch
+from rlfleet.runtime.rpc import DEFAULT_DEADLINE, channel
 from rlfleet.security.identity import Credential
 from rlfleet.v1 import (
     buffer_pb2,
@@ -57,7 +57,7 @@ def call(what: str, address: str, fn: Callable[..., T], request: Any, timeout: f
 class BufferClient:
     def __init__(self, address: str, token: Credential, consumer: str = "trainer") -> None:
         self.address, self.consumer = address, consumer
-        self.lineage: Sequence[Epoch] = ()          # named in every GetBatch (rlfleet/lineage.py)
+        self.lineage: Sequence[Epoch] = ()          # named in every GetBatch (rlfleet/run_dir/lineage.py)
         self._channel = channel(address, token)
         self._stub = buffer_pb2_grpc.BufferStub(self._channel)
         self._get_batch = self._channel.unary_unary(            # the reply's bytes too: rank 0 broadcasts them as is

@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rlfleet.config import Config
-from rlfleet.data_files import eval_source
-from rlfleet.packed_arrays import pack_i32, unpack_f32, unpack_i32
+from rlfleet.data.files import eval_source
 from rlfleet.protocols import Prompt
 from rlfleet.rewards.scorer import load_scorer
 from rlfleet.sample import Sample, Status
+from rlfleet.sample.packed_arrays import pack_i32, unpack_f32, unpack_i32
 from rlfleet.security.identity import Credential
 from rlfleet.services.trainer.clients import PATIENCE, PeerError, RolloutClient
 from rlfleet.v1 import rollout_pb2

@@ -21,11 +21,11 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from rlfleet.atomic import write_text_atomic
-from rlfleet.dtypes import DTYPES
+from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.security.safe_unpickle import SafeFileSystemReader, SafeLoadPlanner
 from rlfleet.services.trainer.checkpoint import META, STATE
 from rlfleet.services.trainer.lora import merge_adapters
+from rlfleet.weights.dtypes import DTYPES
 
 MODEL_PREFIX = "model."
 

@@ -4,7 +4,7 @@ transformers' Llama-family RMSNorm is five ops forward (cast, pow, mean, rsqrt a
 backward, each a pass over the activations. `F.rms_norm` is one kernel each way, with the same math in float32:
 on the addition example's trainer step (4 layers, one Zen 4 core) 151 -> 140 and 161 -> 154 ms a step in two
 alternated runs of `bench/trainer_step.py`-sized batches. The rollout engine's lean decode step already normalises
-this way (both call rlfleet/rms_norm.py), so the trainer's logprobs move towards the engine's, not away.
+this way (both call rlfleet/cpu_kernels/rms_norm.py), so the trainer's logprobs move towards the engine's, not away.
 
 `fuse_rms_norms(model)` swaps each such module for a FusedRMSNorm holding the same weight Parameter (the module
 path and state-dict names are unchanged, so checkpoints, publishing and FSDP see no difference). It runs before
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlfleet.rms_norm import norm
+from rlfleet.cpu_kernels.rms_norm import norm
 
 # transformers' RMSNorm classes whose forward is weight * x / sqrt(mean(x^2) + variance_epsilon)
 FUSABLE = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"})

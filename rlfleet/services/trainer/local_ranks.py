@@ -15,8 +15,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from rlfleet.exec_child import wrap
-from rlfleet.ranks import RankPlacement, rank_env
+from rlfleet.runtime.exec_child import wrap
+from rlfleet.services.trainer.ranks import RankPlacement, rank_env
 
 log = logging.getLogger(__name__)
 

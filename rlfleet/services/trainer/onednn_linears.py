@@ -1,6 +1,7 @@
 """The trainer's nn.Linear modules through oneDNN on a CPU (`perf.onednn_linear`, on by default; float32 compute).
 
-Forward and both backward matmuls of each linear run by rlfleet/onednn_linear.py (oneDNN unless the product is
+Forward and both backward matmuls of each linear run by rlfleet/cpu_kernels/onednn_linear.py (oneDNN unless the product
+is
 small): on the AMD CPU here MKL, which torch's F.linear calls, runs its AVX2 code, and oneDNN its AVX-512 code.
 Measured at the addition example's trainer shapes (1500 rows, one thread): [384 x 128] forward 1.46 -> 0.56 ms,
 dx 1.30 -> 0.57 ms, dW 1.37 -> 0.88 ms. Rounding differs from MKL's by ~1e-6 relative (another summation order).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlfleet import onednn_linear
+from rlfleet.cpu_kernels import onednn_linear
 
 
 class OneDNNLinear(nn.Module):

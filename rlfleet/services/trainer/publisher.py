@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from rlfleet.config import Config, ConfigError
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import HashingTee, Signer, sign_manifest
 from rlfleet.services.trainer.clients import WeightSyncClient
@@ -104,7 +104,7 @@ class WeightPublisher:
                 adapter: dict[str, str] | None = None,
                 options: dict[str, str] | None = None) -> weights_pb2.WeightManifest:
         """Stage `state` (name -> full tensor in model order, or a ShardedState) as `version` and announce it.
-        `options` go into the manifest as they are (e.g. the tied aliases, rlfleet/tied.py).
+        `options` go into the manifest as they are (e.g. the tied aliases, rlfleet/weights/tied.py).
 
         With a ShardedState every other trainer rank must run `follow_publish` at the same time.
         """

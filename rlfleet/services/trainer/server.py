@@ -1,11 +1,12 @@
-"""Wire one trainer rank together (SPEC, run by rlfleet.service_skeleton.run_service): rank 0 serves
+"""Wire one trainer rank together (SPEC, run by rlfleet.runtime.service_skeleton.run_service): rank 0 serves
 rlfleet.v1.Trainer and the metrics (rlfleet/services/trainer/service.py `Leader`), every rank trains to
 trainer.steps.
 
 Ranks come from RANK / WORLD_SIZE (default 0 / 1). A pod that runs several ranks (one per GPU) sets
 RLFLEET_POD_INDEX, RLFLEET_RANKS_PER_POD and WORLD_SIZE instead of RANK: this process then starts one child rank per
 GPU and supervises them as a gang (rlfleet/services/trainer/local_ranks.py). Exit 0 when the run finished; otherwise
-the reason is the last line on stderr, and the code says whose fault it is (rlfleet/exit_codes.py: 4 for a faulty
+the reason is the last line on stderr, and the code says whose fault it is (rlfleet/runtime/exit_codes.py: 4 for a
+faulty
 device, which the controller quarantines the node for; 1 for any other error).
 
 The trainer takes no signals: SIGTERM ends a rank at once (a collective cannot be left half-way); what is durable
@@ -18,10 +19,10 @@ import logging
 import os
 import sys
 
-from rlfleet.exit_codes import USAGE
-from rlfleet.ranks import RankLayoutError, pod_from_env, rank_env
-from rlfleet.service_main import ServiceArgs
-from rlfleet.service_skeleton import Outcome, ServiceSpec
+from rlfleet.runtime.exit_codes import USAGE
+from rlfleet.runtime.service_main import ServiceArgs
+from rlfleet.runtime.service_skeleton import Outcome, ServiceSpec
+from rlfleet.services.trainer.ranks import RankLayoutError, pod_from_env, rank_env
 
 log = logging.getLogger("rlfleet.services.trainer")
 
@@ -50,7 +51,7 @@ def pod_of_ranks(argv: list[str] | None) -> int | None:
 
 
 class TrainerRank:
-    """One running trainer rank (a rlfleet.service_skeleton.Service)."""
+    """One running trainer rank (a rlfleet.runtime.service_skeleton.Service)."""
 
     def __init__(self, args: ServiceArgs) -> None:
         from rlfleet.services.trainer.service import Trainer

@@ -13,17 +13,16 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from rlfleet import lineage
-from rlfleet.atomic import write_bytes_atomic, write_text_atomic
 from rlfleet.config import Config, ConfigError
-from rlfleet.dashboards import MetricsLog
-from rlfleet.metrics import TrainerMetrics, serve_metrics
 from rlfleet.plugins import load_hooks
-from rlfleet.rpc import Server, wait_healthy
-from rlfleet.sample_limits import model_limits
+from rlfleet.run_dir import lineage
+from rlfleet.run_dir.atomic import write_bytes_atomic, write_text_atomic
+from rlfleet.runtime.metrics import TrainerMetrics, serve_metrics
+from rlfleet.runtime.rpc import Server, wait_healthy
+from rlfleet.runtime.service_main import listen_address
+from rlfleet.sample.limits import model_limits
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import Signer, weight_verifier
-from rlfleet.service_main import listen_address
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve, skips_zero_advantage
 from rlfleet.services.trainer.backends import TrainerBackend, backend_spec, data_parallel_size, make_backend
@@ -34,6 +33,7 @@ from rlfleet.services.trainer.batch_stats import batch_stats
 from rlfleet.services.trainer.checkpoint_seal import latest_sealed, seal
 from rlfleet.services.trainer.clients import BufferClient, WeightSyncClient
 from rlfleet.services.trainer.collectives import all_reduce_sum, broadcast_bytes
+from rlfleet.services.trainer.dashboards import MetricsLog
 from rlfleet.services.trainer.distributed_exit import collective_threads, leave_distributed
 from rlfleet.services.trainer.evaluation import Evaluator
 from rlfleet.services.trainer.hf_export import export_checkpoint, write_final
@@ -168,7 +168,8 @@ class Trainer:
         return info.step + 1
 
     def _take_lineage(self, resumed: bool) -> None:
-        """Rank 0: this incarnation's epoch joins the run's lineage (rlfleet/lineage.py) at the version it starts
+        """Rank 0: this incarnation's epoch joins the run's lineage (rlfleet/run_dir/lineage.py) at the version it
+        starts
         from, and every GetBatch names the lineage, so the buffer drops samples of versions an earlier incarnation
         published past its last checkpoint. A fresh start descends from nothing stored."""
         assert self.leader is not None

@@ -1,5 +1,6 @@
 """Wire the weight-sync control plane together from a config: version board, servicer, metrics, gRPC server (SPEC,
-run by rlfleet.service_skeleton.run_service). Serves rlfleet.v1.WeightSync until SIGTERM/SIGINT, then exits 0."""
+run by rlfleet.runtime.service_skeleton.run_service). Serves rlfleet.v1.WeightSync until SIGTERM/SIGINT, then exits
+0."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import threading
 
 from prometheus_client import CollectorRegistry
 
-from rlfleet.exit_codes import FAILED
-from rlfleet.metrics import JsonlLog, WeightSyncMetrics, serve_metrics
-from rlfleet.rpc import Server
-from rlfleet.service_main import ServiceArgs, serve_until
-from rlfleet.service_skeleton import Outcome, ServiceSpec, StartError, bind_address
+from rlfleet.runtime.exit_codes import FAILED
+from rlfleet.runtime.metrics import JsonlLog, WeightSyncMetrics, serve_metrics
+from rlfleet.runtime.rpc import Server
+from rlfleet.runtime.service_main import ServiceArgs, serve_until
+from rlfleet.runtime.service_skeleton import Outcome, ServiceSpec, StartError, bind_address
 from rlfleet.services.weight_sync.board import VersionBoard
 from rlfleet.services.weight_sync.servicer import WeightSyncServicer
 from rlfleet.v1 import weight_sync_pb2_grpc
@@ -21,7 +22,7 @@ log = logging.getLogger("weight_sync")
 
 
 class WeightSyncServer:
-    """The running weight-sync service (a rlfleet.service_skeleton.Service)."""
+    """The running weight-sync service (a rlfleet.runtime.service_skeleton.Service)."""
 
     def __init__(self, args: ServiceArgs) -> None:
         cfg = args.config

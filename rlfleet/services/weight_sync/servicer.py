@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from rlfleet.metrics import JsonlLog, WeightSyncMetrics
+from rlfleet.runtime.metrics import JsonlLog, WeightSyncMetrics
 from rlfleet.services.weight_sync.board import VersionBoard
 from rlfleet.services.weight_sync.transports.manifest import check_manifest_digest
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2

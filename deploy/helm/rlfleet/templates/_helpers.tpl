@@ -72,7 +72,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $rpp -}}
 {{- end -}}
 
-{{/* The trainer's world size: pods x ranks per pod (rlfleet/ranks.py numbers them pod by pod). */}}
+{{/* The trainer's world size: pods x ranks per pod (rlfleet/services/trainer/ranks.py numbers them pod by pod). */}}
 {{- define "rlfleet.trainerWorldSize" -}}
 {{- mul (int .Values.trainer.pods) (int (include "rlfleet.trainerRanksPerPod" .)) -}}
 {{- end -}}

@@ -63,7 +63,8 @@ class WeightLoadTarget(Protocol):
     def update_weights_from_tensor(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None: ...
 
     def tied_aliases(self) -> dict[str, str] | None:
-        """alias -> source for the tensors it holds under two names (rlfleet/tied.py), or None when it cannot tell
+        """alias -> source for the tensors it holds under two names (rlfleet/weights/tied.py), or None when it cannot
+        tell
         (a server engine: taken to tie what the trainer ties)."""
         ...
 

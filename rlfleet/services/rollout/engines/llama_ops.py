@@ -1,8 +1,9 @@
 """The pieces of the lean Llama-family math that the decode step (fast_decode.py) and the packed prefill
 (fast_prefill.py) share: a linear with its residual folded in, the MLP block, the LM head, and rotary cos/sin by
-position (RMSNorm: rlfleet/rms_norm.py, shared with the trainer).
+position (RMSNorm: rlfleet/cpu_kernels/rms_norm.py, shared with the trainer).
 
-Who runs the matmuls is a `Linears`: on a CPU with a usable oneDNN, OneDNNLinears (rlfleet/onednn_linear.py; about
+Who runs the matmuls is a `Linears`: on a CPU with a usable oneDNN, OneDNNLinears
+(rlfleet/cpu_kernels/onednn_linear.py; about
 twice MKL's speed on the AMD CPU here, rounding ~1e-6 apart: `perf.onednn_linear` turns it off), else BlasLinears,
 torch's own ops, which on a CPU call MKL and run feature-major where that is faster:
 
@@ -23,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlfleet import onednn_linear
-from rlfleet.rms_norm import norm
+from rlfleet.cpu_kernels import onednn_linear
+from rlfleet.cpu_kernels.rms_norm import norm
 from rlfleet.services.rollout.engines.fused_params import LayerParams
 
 LOGIT_CHUNK = 1024                                    # vocabulary rows per LM-head matmul on a CPU (see above)
@@ -98,7 +99,8 @@ class BlasLinears:
 
 
 class OneDNNLinears:
-    """oneDNN's fused linears on a CPU (rlfleet/onednn_linear.py: ~2x MKL's speed on an AMD CPU), residual adds
+    """oneDNN's fused linears on a CPU (rlfleet/cpu_kernels/onednn_linear.py: ~2x MKL's speed on an AMD CPU), residual
+    adds
     fused into the output matmuls' epilogue; activations stay row-major (oneDNN has no strided-layout gap)."""
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from rlfleet.atomic import write_atomic
+from rlfleet.run_dir.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 

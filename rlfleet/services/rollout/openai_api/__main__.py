@@ -14,11 +14,11 @@ import ssl
 import sys
 from pathlib import Path
 
-from rlfleet.atomic import write_text_atomic
 from rlfleet.config import ConfigError, load_config
+from rlfleet.run_dir.atomic import write_text_atomic
+from rlfleet.runtime.service_main import serve_until, stop_on_signals
 from rlfleet.security.credentials import read_token
 from rlfleet.security.pki import CA_CERT
-from rlfleet.service_main import serve_until, stop_on_signals
 from rlfleet.services.rollout.openai_api.credentials import LOOPBACK, api_key
 from rlfleet.services.rollout.openai_api.gateway import OpenAIGateway, Routes, http_router, replicas_in
 from rlfleet.services.rollout.openai_api.serve import ADDRESS_DIR

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlfleet.atomic import write_text_atomic
 from rlfleet.config import Config
 from rlfleet.protocols import SamplingParams
+from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.security.identity import Credential
 from rlfleet.services.rollout.engines.base import Engine
 from rlfleet.services.rollout.openai_api.app import AppSettings, OpenAIApp

@@ -25,9 +25,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlfleet.batch_invariant import invariant_call, load_kwargs
 from rlfleet.config import Config
-from rlfleet.dtypes import DTYPES
+from rlfleet.cpu_kernels.batch_invariant import invariant_call, load_kwargs
 from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import needs_critic, needs_teacher
@@ -48,7 +47,8 @@ from rlfleet.services.trainer.sequence_packing import VARLEN_ATTENTION, packed_f
 from rlfleet.services.trainer.shared_prompt import SharedPromptForward
 from rlfleet.services.trainer.step import ForwardFn, StepContext, train_step
 from rlfleet.services.weight_sync.transports.sharded import ShardedState
-from rlfleet.tied import TIED_OPTION, encode_aliases, tied_aliases
+from rlfleet.weights.dtypes import DTYPES
+from rlfleet.weights.tied import TIED_OPTION, encode_aliases, tied_aliases
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,8 @@ class FsdpBackend:
         self.forward: ForwardFn | None = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens,
                                                  pad_id=self.pad_id, compute_dtype=self.compute_dtype) \
             if t.packing.enabled else None
-        if t.on_policy:                 # true on-policy: the engine's batch-invariant kernels (rlfleet.batch_invariant)
+        # true on-policy: the engine's batch-invariant kernels (rlfleet.cpu_kernels.batch_invariant)
+        if t.on_policy:
             self.forward = partial(invariant_call, self.forward or forward_logprobs)
         elif cfg.perf.shared_prompt and model.config._attn_implementation not in VARLEN_ATTENTION:
             # a group's prompt once per forward; bit-level batch invariance (on_policy) needs the padded rows
@@ -240,7 +241,7 @@ class FsdpBackend:
 
     @cached_property
     def _tied_aliases(self) -> dict[str, str]:
-        return tied_aliases(self.model)                    # rlfleet/tied.py
+        return tied_aliases(self.model)                    # rlfleet/weights/tied.py
 
     def publish_state(self) -> ShardedState:
         return self.sharded_state()

@@ -14,8 +14,8 @@ from collections.abc import Generator, Iterable, Sequence
 import torch
 import xxhash
 
-from rlfleet.dtypes import DTYPES
 from rlfleet.services.weight_sync.transports.layout import Layout, TensorSpec
+from rlfleet.weights.dtypes import DTYPES
 
 
 def bucket_data_ends(layout: Layout) -> list[int]:

@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rlfleet.dtypes import DTYPES
 from rlfleet.v1 import weights_pb2
+from rlfleet.weights.dtypes import DTYPES
 
 ALIGN = 16   # bytes; >= every element size we move, so bucket starts in the flat buffer keep tensors aligned
 

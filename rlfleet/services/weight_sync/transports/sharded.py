@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
-from rlfleet.dtypes import dtype_name
 from rlfleet.services.weight_sync.transports.layout import TensorSpec
+from rlfleet.weights.dtypes import dtype_name
 
 
 def _publish_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:

@@ -1,6 +1,6 @@
 """`rollout.engine: sglang` in the config -> an SGLangEngine, on a server someone else runs or on one it starts.
 
-Every setting is `rollout.sglang` in the run config (rlfleet/config.py:SGLangConfig): TP size, memory fraction, KV
+Every setting is `rollout.sglang` in the run config (rlfleet/config/:SGLangConfig): TP size, memory fraction, KV
 size, weight path, verification, extra flags. Three machine-local paths may be overridden from the environment:
   RLFLEET_SGLANG_URL          rollout.sglang.url: an SGLang server to use (it loads the same model folder; for a MoE
                               model it must run with --enable-return-routed-experts)

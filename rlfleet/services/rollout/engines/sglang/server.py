@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlfleet.ports import free_port
+from rlfleet.runtime.ports import free_port
 from rlfleet.services.rollout.engines.base import EngineError
 from rlfleet.services.rollout.engines.sglang.client import SGLangClient
 from rlfleet.services.rollout.engines.sglang.routes import SERVER_FLAG as ROUTES_FLAG

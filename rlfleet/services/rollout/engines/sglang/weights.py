@@ -14,9 +14,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rlfleet.dtypes import SAFETENSORS_DTYPES
 from rlfleet.services.rollout.engines.base import EngineError
 from rlfleet.services.rollout.engines.sglang.client import SGLangClient
+from rlfleet.weights.dtypes import SAFETENSORS_DTYPES
 
 
 def held_specs(model_path: Path) -> dict[str, torch.Tensor]:

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.config import Config
-from rlfleet.dtypes import DTYPES
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.algorithms import needs_critic, needs_teacher
 from rlfleet.services.trainer.backends.megatron import checkpoint as megatron_checkpoint
@@ -32,6 +31,7 @@ from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.optimizer import adamw
 from rlfleet.services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
 from rlfleet.services.trainer.step import StepContext
+from rlfleet.weights.dtypes import DTYPES
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import xxhash
 from safetensors.torch import load_file, save_file
 
-from rlfleet.atomic import write_bytes_atomic, write_text_atomic
+from rlfleet.run_dir.atomic import write_bytes_atomic, write_text_atomic
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.checkpoint import CHECKSUMS, META, CheckpointError, CheckpointInfo
 

@@ -10,14 +10,14 @@ import grpc
 import numpy as np
 import torch
 
-from rlfleet.dtypes import DTYPES
-from rlfleet.rpc import channel
+from rlfleet.runtime.rpc import channel
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import HashedTensors, tensor_blake3
 from rlfleet.services.weight_sync.transports.errors import WeightTransferError
 from rlfleet.services.weight_sync.transports.layout import Layout, checked_layout
 from rlfleet.services.weight_sync.transports.manifest import buffer_xxh64, manifest_digest
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
+from rlfleet.weights.dtypes import DTYPES
 
 TRANSPORT = "bucketed"
 _EMPTY_XXH64 = buffer_xxh64(b"")

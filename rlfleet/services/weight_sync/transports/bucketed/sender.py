@@ -14,13 +14,13 @@ import grpc
 import numpy as np
 import torch
 
-from rlfleet.dtypes import DTYPES, dtype_name
-from rlfleet.rpc import MAX_MESSAGE_BYTES, Server
+from rlfleet.runtime.rpc import MAX_MESSAGE_BYTES, Server
 from rlfleet.security.identity import Credential
 from rlfleet.services.weight_sync.transports.layout import ALIGN, Layout, TensorSpec, aligned_bucket_bytes, plan
 from rlfleet.services.weight_sync.transports.manifest import buffer_xxh64, manifest_digest
 from rlfleet.services.weight_sync.transports.sharded import materialize
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
+from rlfleet.weights.dtypes import DTYPES, dtype_name
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from rlfleet.dtypes import dtype_name
 from rlfleet.services.weight_sync.transports.disk_delta.codec import ENCODINGS, changed_elements, encode
 from rlfleet.services.weight_sync.transports.disk_delta.files import version_dir, write_version
 from rlfleet.services.weight_sync.transports.manifest import manifest_digest, tensor_xxh64
 from rlfleet.v1 import weights_pb2
+from rlfleet.weights.dtypes import dtype_name
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,117 @@
+"""The run config: one YAML file, one typed section per service; errors name the field and the file.
+
+One module per section: run.py (run, model, eval, dashboards), rollout.py, buffer.py, trainer.py, weight_sync.py,
+security.py, deployment.py (endpoints, placement), perf.py (the fast paths' off-switches); root.py is the whole config
+and its cross-section checks, loading.py reads YAML and `--set` overrides, section.py is every section's base.
+Everything public is importable from here: `from rlfleet.config import Config, load_config`.
+
+Every field's description lives in its model; `python scripts/gen_config_docs.py` writes docs/config-reference.md and
+the run-config part of the Helm values schema from them (tests/unit/config/test_config_docs.py fails when either
+drifts). `rlfleet check CONFIG` validates a file without starting anything.
+"""
+
+from __future__ import annotations
+
+from rlfleet.config.buffer import (
+    BufferConfig,
+)
+from rlfleet.config.deployment import (
+    EndpointsConfig,
+    PlacementConfig,
+    ServicePlacement,
+)
+from rlfleet.config.loading import (
+    ConfigError,
+    apply_overrides,
+    dump_config,
+    load_config,
+    parse_config,
+)
+from rlfleet.config.perf import (
+    PerfConfig,
+)
+from rlfleet.config.rollout import (
+    DataConfig,
+    EngineHealthConfig,
+    OpenAIEndpointConfig,
+    RolloutConfig,
+    SamplingConfig,
+    SGLangConfig,
+)
+from rlfleet.config.root import (
+    MOVED_FIELDS,
+    Config,
+)
+from rlfleet.config.run import (
+    DashboardsConfig,
+    EvalConfig,
+    ModelConfig,
+    RunConfig,
+)
+from rlfleet.config.section import (
+    Section,
+)
+from rlfleet.config.security import (
+    SecurityConfig,
+)
+from rlfleet.config.trainer import (
+    CriticConfig,
+    DapoConfig,
+    DrGrpoConfig,
+    EstimatorConfig,
+    GspoConfig,
+    KlConfig,
+    LoraConfig,
+    MegatronConfig,
+    PackingConfig,
+    PolicyLossConfig,
+    SchedulerConfig,
+    TeacherConfig,
+    TisConfig,
+    TrainerConfig,
+)
+from rlfleet.config.weight_sync import (
+    WeightSyncConfig,
+)
+
+__all__ = [
+    "BufferConfig",
+    "Config",
+    "ConfigError",
+    "CriticConfig",
+    "DapoConfig",
+    "DashboardsConfig",
+    "DataConfig",
+    "DrGrpoConfig",
+    "EndpointsConfig",
+    "EngineHealthConfig",
+    "EstimatorConfig",
+    "EvalConfig",
+    "GspoConfig",
+    "KlConfig",
+    "LoraConfig",
+    "MOVED_FIELDS",
+    "MegatronConfig",
+    "ModelConfig",
+    "OpenAIEndpointConfig",
+    "PackingConfig",
+    "PerfConfig",
+    "PlacementConfig",
+    "PolicyLossConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SGLangConfig",
+    "SamplingConfig",
+    "SchedulerConfig",
+    "Section",
+    "SecurityConfig",
+    "ServicePlacement",
+    "TeacherConfig",
+    "TisConfig",
+    "TrainerConfig",
+    "WeightSyncConfig",
+    "apply_overrides",
+    "dump_config",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,131 @@
+"""Start-up checks of everything a config names, before any service starts: ONE path shared by `rlfleet check` and
+`rlfleet run` (run calls check_run first), so a config that checks is a config that starts.
+
+It imports plugins with the import path the services get (the current folder first, as the launcher sets
+PYTHONPATH), checks the model folder or GGUF file, opens every dataset file (fields, rows), and resolves the
+reward, algorithm, advantage and loss names.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+from rlfleet.config import Config
+from rlfleet.plugins import PluginError, load_callable, load_hooks
+from rlfleet.protocols import AdvantageEstimator, DataSource, LossFn, ModelPrepareFn, RolloutFn, SampleFilter
+
+
+def plugin_import_path() -> str:
+    """The folder the services import plugins from first: the launcher's current folder (rlfleet.local.launcher puts it
+    first on the services' PYTHONPATH)."""
+    return os.getcwd()
+
+
+def use_plugin_import_path() -> None:
+    folder = plugin_import_path()
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def check_model(cfg: Config) -> None:
+    """model.path must be an HF folder or a GGUF file, unless model.prepare builds it at start-up."""
+    from rlfleet.weights.model_source import ModelError, check_model
+
+    if cfg.model.prepare and not cfg.model_path.exists():
+        return
+    try:
+        check_model(cfg.model_path)
+    except ModelError as exc:
+        raise PluginError(str(exc)) from None
+
+
+def _check_source(source: object, what: str) -> None:
+    if not isinstance(source, DataSource):
+        raise PluginError(f"{what}: returned {type(source).__name__}, which has no __len__/__getitem__")
+    if len(source) == 0:
+        raise PluginError(f"{what}: the data source is empty")
+    source[0]
+
+
+def check_data(cfg: Config) -> None:
+    from rlfleet.data.files import DataError, eval_source, rollout_source
+
+    for what, make in (("rollout data", rollout_source), ("eval data", eval_source)):
+        try:
+            source = make(cfg)
+        except DataError as exc:
+            raise PluginError(str(exc)) from None
+        if source is not None:
+            _check_source(source, what)
+
+
+def check_rewards(cfg: Config) -> None:
+    from rlfleet.rewards.scorer import resolve_reward
+
+    resolve_reward(cfg.rollout.reward_fn, cfg.rollout.reward_args, "rollout.reward_fn")
+    if cfg.has_eval:
+        name, args = cfg.eval_reward
+        resolve_reward(name, args, "eval.reward_fn")
+
+
+def start_algorithm_check() -> subprocess.Popen[str]:
+    """The trainer resolves its own names (rlfleet/services/trainer/check_algorithm.py) in a child process, which
+    imports the trainer's modules (~1.3 s) before it reads the trainer section: started first, it imports while this
+    process checks the plugins."""
+    return subprocess.Popen([sys.executable, "-m", "rlfleet.services.trainer.check_algorithm"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_algorithm_check(proc: subprocess.Popen[str], cfg: Config) -> None:
+    _, err = proc.communicate(cfg.trainer.model_dump_json())
+    if proc.returncode != 0:
+        err = err.strip()
+        raise PluginError(f"trainer: {err.splitlines()[-1] if err else 'refused'}")
+
+
+def check_run(cfg: Config, trainer_check: Callable[[str], str | None] | None = None) -> None:
+    """Everything `rlfleet run` needs before it starts services; raises PluginError naming the first problem.
+
+    trainer_check: asks an interpreter that has the trainer's modules imported already (a warm trainer,
+    rlfleet/local/warm_interpreters.py) for the algorithm check: the reason, "" when it passes, None when it cannot
+    answer
+    (then a child process checks, as without it)."""
+    use_plugin_import_path()
+    algorithm = start_algorithm_check() if trainer_check is None else None
+    try:
+        check_model(cfg)
+        check_plugins(cfg)
+    except BaseException:
+        if algorithm is not None:
+            algorithm.kill()
+            algorithm.communicate()
+        raise
+    if algorithm is None:
+        assert trainer_check is not None
+        reason = trainer_check(cfg.trainer.model_dump_json())
+        if reason:
+            raise PluginError(f"trainer: {reason}")
+        if reason is not None:
+            return
+        algorithm = start_algorithm_check()
+    finish_algorithm_check(algorithm, cfg)
+
+
+def check_plugins(cfg: Config) -> None:
+    """Import and check every dotted path and name in cfg; raise PluginError naming the first one that fails."""
+    check_rewards(cfg)
+    load_callable(cfg.rollout.rollout_fn, "rollout.rollout_fn", RolloutFn)
+    check_data(cfg)
+    if cfg.model.prepare:
+        load_callable(cfg.model.prepare, "model.prepare", ModelPrepareFn)
+    for path in cfg.buffer.filters:
+        if ":" in path:
+            load_callable(path, "buffer.filters", SampleFilter)
+    if cfg.trainer.advantage and ":" in cfg.trainer.advantage:
+        load_callable(cfg.trainer.advantage, "trainer.advantage", AdvantageEstimator)
+    if cfg.trainer.loss and ":" in cfg.trainer.loss:
+        load_callable(cfg.trainer.loss, "trainer.loss", LossFn)
+    load_hooks(list(cfg.trainer.hooks))
