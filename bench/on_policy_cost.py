@@ -1,5 +1,5 @@
 """What true on-policy mode (trainer.on_policy) costs: the built-in engine's decode tokens/s and the trainer's
-logprob forward, library kernels vs rlfleet/cpu_kernels/batch_invariant.py, on the same model, prompts and batch, in
+logprob forward, library kernels vs rlfleet/cpu_kernels/invariant_ops.py, on the same model, prompts and batch, in
 one run.
 
     python bench/on_policy_cost.py [--prompts 64] [--new-tokens 8] [--hidden 128] [--layers 4] [--threads 1]
@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from examples.addition.model import build_random_model  # noqa: E402
-from rlfleet.cpu_kernels.batch_invariant import invariant_call  # noqa: E402
+from rlfleet.cpu_kernels.invariant_ops import invariant_call  # noqa: E402
 from rlfleet.protocols import SamplingParams  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine  # noqa: E402

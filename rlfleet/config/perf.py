@@ -32,7 +32,7 @@ class PerfConfig(Section):
     engine_fast_decode: bool = Field(True, description="torch engine: lean Llama-family packed prefill and decode "
                                      "step on fused q/k/v and gate/up weights (fast_prefill.py, fast_decode.py).")
     onednn_linear: bool = Field(True, description="CPU: the torch engine's lean step and the float32 trainer's "
-                                "linears run through oneDNN (rlfleet/cpu_kernels/onednn_linear.py; ~2x MKL on AMD "
+                                "linears run through oneDNN (rlfleet/cpu_kernels/onednn.py; ~2x MKL on AMD "
                                 "CPUs, "
                                 "rounding ~1e-6 apart); false: torch's own ops (MKL).")
     native_attention: bool = Field(True, description="CPU with AVX-512, one engine thread: the torch engine's lean "

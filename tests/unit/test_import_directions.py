@@ -5,6 +5,9 @@
   (rlfleet/services/weight_sync/transports/, which trainer and rollout run in-process), and that library imports nothing
   of the weight_sync service around it;
 - nothing installed (rlfleet/) imports examples/ (they are user code, found by config dotted paths);
+- the optional speed code sits behind one door each: rlfleet/cpu_kernels/, rlfleet/services/trainer/fast_paths/ and
+  rlfleet/services/rollout/engines/lean_llama/ are imported from outside only as the package itself (the names its
+  `__init__` exports), never a module inside it, so what the core depends on is one list a GPU user can read;
 - the module graph of rlfleet/ and examples/ has no cycle."""
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("rlfleet", "examples")
 SERVICES = "rlfleet.services."
 LIBRARY = "rlfleet.services.weight_sync.transports"
+DOORS = ("rlfleet.cpu_kernels", "rlfleet.services.trainer.fast_paths", "rlfleet.services.rollout.engines.lean_llama")
 
 
 def _module_name(path: Path) -> str:
@@ -81,6 +85,20 @@ def test_services_meet_only_through_the_transport_library() -> None:
     # the exception is used as declared: trainer and rollout both take their data planes from it
     users = {_service(m) for m, ts in GRAPH.items() for t in ts if t.startswith(LIBRARY) and not m.startswith(LIBRARY)}
     assert {"trainer", "rollout"} <= users
+
+
+def _through_doors(graph: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """(importer, module) pairs where code outside a door package imports a module inside it."""
+    return [(m, t) for m, ts in graph.items() for t in ts for door in DOORS
+            if t.startswith(door + ".") and not (m == door or m.startswith(door + "."))]
+
+
+def test_speed_code_is_reached_only_through_its_door() -> None:
+    door = DOORS[0]
+    assert _through_doors({"rlfleet.services.x": [f"{door}.onednn"], f"{door}.onednn": [f"{door}.rms_norm"],
+                           "rlfleet.services.y": [door]}) == [("rlfleet.services.x", f"{door}.onednn")]  # the check
+    assert _through_doors(GRAPH) == []
+    assert all(name in MODULES for name in DOORS)       # every door exists (a renamed folder fails here, not silently)
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:

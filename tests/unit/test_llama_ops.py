@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlfleet.cpu_kernels import onednn_linear
+from rlfleet.cpu_kernels import onednn as onednn_linear
 from rlfleet.services.rollout.engines.fused_params import LayerParams
 from rlfleet.services.rollout.engines.llama_ops import LOGIT_CHUNK, BlasLinears, Linears, OneDNNLinears
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlfleet.config import ConfigError, parse_config
-from rlfleet.cpu_kernels.batch_invariant import batch_invariant, matmul
+from rlfleet.cpu_kernels.invariant_ops import batch_invariant, matmul
 from rlfleet.protocols import SamplingParams, TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlfleet.cpu_kernels.rms_norm import norm
+from rlfleet.cpu_kernels import fused_rms_norm
 
 # transformers' RMSNorm classes whose forward is weight * x / sqrt(mean(x^2) + variance_epsilon)
 FUSABLE = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"})
@@ -32,7 +32,7 @@ class FusedRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return norm(x, self.weight, self.variance_epsilon)
+        return fused_rms_norm(x, self.weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"

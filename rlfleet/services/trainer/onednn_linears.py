@@ -1,6 +1,6 @@
 """The trainer's nn.Linear modules through oneDNN on a CPU (`perf.onednn_linear`, on by default; float32 compute).
 
-Forward and both backward matmuls of each linear run by rlfleet/cpu_kernels/onednn_linear.py (oneDNN unless the product
+Forward and both backward matmuls of each linear run by rlfleet/cpu_kernels/onednn.py (oneDNN unless the product
 is
 small): on the AMD CPU here MKL, which torch's F.linear calls, runs its AVX2 code, and oneDNN its AVX-512 code.
 Measured at the addition example's trainer shapes (1500 rows, one thread): [384 x 128] forward 1.46 -> 0.56 ms,
@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlfleet.cpu_kernels import onednn_linear
+from rlfleet.cpu_kernels import onednn_linear_autograd, onednn_usable
 
 
 class OneDNNLinear(nn.Module):
-    """x [..., in] -> x W^T + b [..., out], W [out, in], by onednn_linear.linear_autograd."""
+    """x [..., in] -> x W^T + b [..., out], W [out, in], by rlfleet.cpu_kernels.onednn_linear_autograd."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
         super().__init__()
@@ -30,7 +30,7 @@ class OneDNNLinear(nn.Module):
         self.in_features, self.out_features = int(weight.shape[1]), int(weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return onednn_linear.linear_autograd(x, self.weight, self.bias)
+        return onednn_linear_autograd(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -41,7 +41,7 @@ def use_onednn_linears(model: nn.Module, device: torch.device, dtype: torch.dtyp
     the device and dtype the model will compute on (its weights may still be on the meta device, loaded after
     sharding); returns how many were replaced (0 where it is not usable)."""
     linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
-    if not linears or not onednn_linear.usable(device, dtype):
+    if not linears or not onednn_usable(device, dtype):
         return 0
     for name, module in linears:
         parent_name, _, attr = name.rpartition(".")

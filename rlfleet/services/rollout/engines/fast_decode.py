@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from rlfleet.cpu_kernels.rms_norm import norm
+from rlfleet.cpu_kernels import fused_rms_norm as norm
 from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
 from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlfleet.cpu_kernels.rms_norm import norm
+from rlfleet.cpu_kernels import fused_rms_norm as norm
 from rlfleet.services.rollout.engines.fused_params import LayerParams
 from rlfleet.services.rollout.engines.llama_ops import Linears
 

@@ -3,7 +3,7 @@
 position (RMSNorm: rlfleet/cpu_kernels/rms_norm.py, shared with the trainer).
 
 Who runs the matmuls is a `Linears`: on a CPU with a usable oneDNN, OneDNNLinears
-(rlfleet/cpu_kernels/onednn_linear.py; about
+(rlfleet/cpu_kernels/onednn.py; about
 twice MKL's speed on the AMD CPU here, rounding ~1e-6 apart: `perf.onednn_linear` turns it off), else BlasLinears,
 torch's own ops, which on a CPU call MKL and run feature-major where that is faster:
 
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlfleet.cpu_kernels import onednn_linear
-from rlfleet.cpu_kernels.rms_norm import norm
+from rlfleet.cpu_kernels import fused_rms_norm as norm
+from rlfleet.cpu_kernels import onednn_linear, onednn_linear_add, onednn_usable
 from rlfleet.services.rollout.engines.fused_params import LayerParams
 
 LOGIT_CHUNK = 1024                                    # vocabulary rows per LM-head matmul on a CPU (see above)
@@ -99,32 +99,32 @@ class BlasLinears:
 
 
 class OneDNNLinears:
-    """oneDNN's fused linears on a CPU (rlfleet/cpu_kernels/onednn_linear.py: ~2x MKL's speed on an AMD CPU), residual
+    """oneDNN's fused linears on a CPU (rlfleet/cpu_kernels/onednn.py: ~2x MKL's speed on an AMD CPU), residual
     adds
     fused into the output matmuls' epilogue; activations stay row-major (oneDNN has no strided-layout gap)."""
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return onednn_linear.linear(x, weight, bias)
+        return onednn_linear(x, weight, bias)
 
     def residual(self, x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                  ) -> torch.Tensor:
-        return onednn_linear.linear_add(a, x, weight, bias)
+        return onednn_linear_add(a, x, weight, bias)
 
     def mlp_residual(self, x: torch.Tensor, p: LayerParams, eps: float) -> torch.Tensor:
-        gu = onednn_linear.linear(norm(x, p.ln2, eps), p.gate_up, p.gate_up_bias)       # [B, 2F]
+        gu = onednn_linear(norm(x, p.ln2, eps), p.gate_up, p.gate_up_bias)       # [B, 2F]
         width = gu.shape[1] // 2
         hidden = F.silu(gu[:, :width]).mul_(gu[:, width:])                                # [B, F]
-        return onednn_linear.linear_add(hidden, x, p.down, p.down_bias)
+        return onednn_linear_add(hidden, x, p.down, p.down_bias)
 
     def lm_head(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
         if type(head) is not nn.Linear:
             return head(x)
-        return onednn_linear.linear(x, head.weight, head.bias)
+        return onednn_linear(x, head.weight, head.bias)
 
 
 def pick_linears(weight: torch.Tensor, onednn: bool = True) -> Linears:
     """OneDNNLinears where asked for and usable for weight's device and dtype, else BlasLinears."""
-    if onednn and onednn_linear.usable(weight.device, weight.dtype):
+    if onednn and onednn_usable(weight.device, weight.dtype):
         return OneDNNLinears()
     return BlasLinears()
 

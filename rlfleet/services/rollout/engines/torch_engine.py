@@ -34,7 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from rlfleet.cpu_kernels.batch_invariant import batch_invariant, load_kwargs
+from rlfleet.cpu_kernels import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
@@ -86,7 +86,7 @@ class TorchEngine:
                  compile: bool = False, onednn: bool = True, native_attention: bool = True) -> None:
         """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config.
         on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
-        rlfleet.cpu_kernels.batch_invariant, so the logprobs equal the trainer's recomputation bitwise (no fast or
+        rlfleet.cpu_kernels.invariant_ops, so the logprobs equal the trainer's recomputation bitwise (no fast or
         compiled
         decode). fast_decode: Llama-family models decode through `fast_decode.FastDecoder` (same math, less
         overhead); compile: torch.compile its layer step (off by default; an uncompiled engine never compiles);

@@ -26,7 +26,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlfleet.config import Config
-from rlfleet.cpu_kernels.batch_invariant import invariant_call, load_kwargs
+from rlfleet.cpu_kernels import invariant_call, load_kwargs
 from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import needs_critic, needs_teacher
@@ -147,7 +147,7 @@ class FsdpBackend:
         self.forward: ForwardFn | None = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens,
                                                  pad_id=self.pad_id, compute_dtype=self.compute_dtype) \
             if t.packing.enabled else None
-        # true on-policy: the engine's batch-invariant kernels (rlfleet.cpu_kernels.batch_invariant)
+        # true on-policy: the engine's batch-invariant kernels (rlfleet.cpu_kernels.invariant_ops)
         if t.on_policy:
             self.forward = partial(invariant_call, self.forward or forward_logprobs)
         elif cfg.perf.shared_prompt and model.config._attn_implementation not in VARLEN_ATTENTION:

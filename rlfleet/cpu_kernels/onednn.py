@@ -9,7 +9,7 @@ threads: 1.5-2.8x). On an Intel CPU MKL has its AVX-512 code too, and the two ar
 
 What it costs: not bitwise MKL's result. oneDNN sums the K products in its own blocked order, so an output differs
 from F.linear's by rounding (relative ~1e-6 at K = 576), as two BLAS libraries do. The batch-invariant on-policy mode
-(rlfleet/cpu_kernels/batch_invariant.py) never comes here: it needs every matmul as an aten op it can replace.
+(rlfleet/cpu_kernels/invariant_ops.py) never comes here: it needs every matmul as an aten op it can replace.
 
 Small products stay with torch's op: a oneDNN call costs ~12 us before any arithmetic (F.linear ~1.5 us), so below
 MIN_MACS multiply-adds (rows x N x K) MKL is as fast or faster (here: [64 x 128] x [128 x 128] 23 vs 23 us, a

@@ -1,4 +1,4 @@
-"""oneDNN linears (rlfleet/cpu_kernels/onednn_linear.py) and the trainer's module swap (trainer/onednn_linears.py):
+"""oneDNN linears (rlfleet/cpu_kernels/onednn.py) and the trainer's module swap (trainer/onednn_linears.py):
 results and
 gradients equal float64 references on both sides of MIN_MACS, the swap keeps parameters, ties and names, and a
 device or dtype oneDNN cannot take is left to torch's own ops."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlfleet.cpu_kernels import onednn_linear
+from rlfleet.cpu_kernels import onednn as onednn_linear
 from rlfleet.services.trainer.onednn_linears import OneDNNLinear, use_onednn_linears
 
 pytestmark = pytest.mark.skipif(not onednn_linear.usable(torch.device("cpu"), torch.float32),
