@@ -195,5 +195,5 @@ class TrainerConfig(Section):
                                           "entropy of the token-level policy losses.")
     estimator: EstimatorConfig = Field(EstimatorConfig(), description="Options of the advantage estimators.")
     on_policy: bool = Field(False, description="True on-policy: engine and trainer compute log-probs with the same "
-                            "batch-invariant CPU kernels (rlfleet/services/batch_invariant.py), so logprob_abs_diff is "
-                            "exactly 0; torch engine + fsdp on CPU, fp32 only.")
+                            "batch-invariant CPU kernels (rlfleet/cpu_kernels/invariant_ops.py), so logprob_abs_diff "
+                            "is exactly 0; torch engine + fsdp on CPU, fp32 only.")

@@ -33,6 +33,7 @@ from tests.integration.test_rollout_service import (  # noqa: F401 - `servers` i
     servers,
     write_config,
 )
+from tests.support.requires import missing
 from tests.support.sglang_stub import INSTALL_HINT, make_sglang_tiny_model, server_spec, sglang_python
 
 PYTHON = sglang_python()
@@ -86,7 +87,7 @@ def _health(addr: str) -> int | None:
 @pytest.fixture(scope="module")
 def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
     if PYTHON is None:
-        pytest.skip(f"no SGLang venv: {INSTALL_HINT}")
+        missing(f"no SGLang venv: {INSTALL_HINT}")
     root = tmp_path_factory.mktemp("sglang-health")
     model = make_sglang_tiny_model(root / "model")
     server = SGLangServer(server_spec(model, PYTHON, api_key=API_KEY), log_path=root / "server.log")

@@ -20,6 +20,7 @@ from rlfleet.services.weight_sync.servicer import WeightSyncServicer
 from rlfleet.services.weight_sync.transports.nixl.agent import available as nixl_missing
 from rlfleet.services.weight_sync.transports.peers import PeerDirectory
 from rlfleet.v1 import weight_sync_pb2_grpc, weights_pb2
+from tests.support.requires import missing
 
 torch.set_num_threads(1)
 BUCKET = 1024
@@ -167,7 +168,7 @@ def _signed(stage: Callable, version: int, named: list[tuple[str, torch.Tensor]]
 def test_forged_and_unsigned_versions_are_refused(transport: str, tmp_path: Path,
                                                   keys: tuple[Signer, Verifier]) -> None:
     if transport == "nixl" and nixl_missing() is not None:
-        pytest.skip(f"nixl does not import: {nixl_missing()}")
+        missing(f"nixl does not import: {nixl_missing()}")
     signer, verifier = keys
     engine = DictEngine(tensors(0))
     with TRANSPORTS[transport](tmp_path, engine) as (stage, fetch):

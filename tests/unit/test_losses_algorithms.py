@@ -22,7 +22,7 @@ from rlfleet.services.trainer.losses import (
     SftLoss,
     kl_estimate,
 )
-from rlfleet.services.trainer.step import effective_sample_size
+from rlfleet.services.trainer.step_totals import effective_sample_size
 
 LOGP = [[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0], [-1.5, -1.5, -1.5]]
 OLD = [[-1.1, -1.6, -0.5], [-0.2, -3.3, -2.0], [-1.0, -1.0, -1.0]]

@@ -25,7 +25,7 @@ import xxhash
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rlfleet.run_dir.atomic import write_bytes_atomic, write_text_atomic
+from rlfleet.run_dir.atomic import fsync_dir, write_bytes_atomic, write_text_atomic
 from rlfleet.run_dir.committed_ids import committed_ids_name
 from rlfleet.security.safe_unpickle import SafeFileSystemReader, SafeLoadPlanner
 
@@ -69,22 +69,17 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != CHECKSUMS)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _rng_states(device: torch.device) -> dict[str, bytes]:
+def write_rng_states(folder: Path, rank: int, device: torch.device) -> None:
+    """This rank's RNG states (CPU, and CUDA on a CUDA device) as rng_<kind>_rankNNNNN.bin: both backends' format."""
     states = {"cpu": torch.get_rng_state().numpy().tobytes()}
     if device.type == "cuda":
         states["cuda"] = torch.cuda.get_rng_state(device).numpy().tobytes()
-    return states
+    for kind, data in states.items():
+        write_bytes_atomic(folder / f"rng_{kind}_rank{rank:05d}.bin", data)
 
 
-def _set_rng_states(folder: Path, rank: int, device: torch.device) -> None:
+def restore_rng_states(folder: Path, rank: int, device: torch.device) -> None:
+    """The RNG states write_rng_states saved for this rank, where they exist (a rank new to the run keeps its own)."""
     for kind in ("cpu", "cuda"):
         path = folder / f"rng_{kind}_rank{rank:05d}.bin"
         if not path.exists():
@@ -94,6 +89,21 @@ def _set_rng_states(folder: Path, rank: int, device: torch.device) -> None:
             torch.set_rng_state(state)
         elif device.type == "cuda":
             torch.cuda.set_rng_state(state, device)
+
+
+def publish_folder(run_dir: Path, tmp: Path, final: Path, keep: int) -> None:
+    """Rank 0, every file written into tmp: checksums of them all, then tmp renamed to final (a folder of the same step
+    replaced), the rename made durable, and checkpoints beyond `keep` pruned. Both backends finish a save here."""
+    sums = {str(p.relative_to(tmp)): {"xxh64": _file_hash(p), "bytes": p.stat().st_size} for p in _files(tmp)}
+    write_text_atomic(tmp / CHECKSUMS, json.dumps(sums, indent=1))
+    if final.exists():                      # the same step saved again (e.g. resumed, then asked to save)
+        old = final.with_name(f".old-{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        shutil.rmtree(old)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    prune(run_dir, keep)
 
 
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -128,8 +138,7 @@ def save(run_dir: Path, step: int, version: int, model: torch.nn.Module, optimiz
     dist.barrier()
     try:
         dcp.save(_dcp_state(model, optimizer, aux), checkpoint_id=str(tmp / STATE))
-        for kind, data in _rng_states(device).items():
-            write_bytes_atomic(tmp / f"rng_{kind}_rank{rank:05d}.bin", data)
+        write_rng_states(tmp, rank, device)
         if sample_ids is not None:
             write_text_atomic(tmp / committed_ids_name(rank), json.dumps(list(sample_ids)))
     except (Exception, CheckpointException) as exc:   # DCP's exception is a BaseException: it escaped every handler
@@ -154,16 +163,7 @@ def _finish(run_dir: Path, tmp: Path, final: Path, step: int, version: int, worl
         write_bytes_atomic(tmp / rel, data)
     meta = {"step": step, "version": version, "world_size": world, "torch": torch.__version__, **meta_extra}
     write_text_atomic(tmp / META, json.dumps(meta, indent=1))
-    sums = {str(p.relative_to(tmp)): {"xxh64": _file_hash(p), "bytes": p.stat().st_size} for p in _files(tmp)}
-    write_text_atomic(tmp / CHECKSUMS, json.dumps(sums, indent=1))
-    if final.exists():                      # the same step saved again (e.g. resumed, then asked to save)
-        old = final.with_name(f".old-{final.name}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        shutil.rmtree(old)
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
-    prune(run_dir, keep)
+    publish_folder(run_dir, tmp, final, keep)
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -286,4 +286,4 @@ def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Op
     if info.world_size != world:
         log.warning("checkpoint %s was written by %d ranks, resuming on %d: RNG states of new ranks are not restored",
                     info.path, info.world_size, world)
-    _set_rng_states(info.path, rank, device)
+    restore_rng_states(info.path, rank, device)

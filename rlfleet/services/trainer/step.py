@@ -4,8 +4,7 @@ values), advantages, loss, backward, clip, AdamW (and the critic's update for PP
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -21,7 +20,7 @@ from rlfleet.services.trainer.entropy import ENTROPY_GRAD
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.losses import METRIC_TOKENS, ROW_COUNT, SEQ_COUNT
 from rlfleet.services.trainer.routing_replay import RoutingReplay
-from rlfleet.services.trainer.token_versions import version_sums, version_totals
+from rlfleet.services.trainer.step_totals import add_batch_counts, add_minibatch, optimizer_step
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +62,6 @@ def _logprobs(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -> to
     if ctx.forward is not None and ctx.routing_replay is None:     # packing keeps no per-row routes layout
         return ctx.forward(model, batch, ctx.temperature)
     return forward_logprobs(model, batch, ctx.temperature, ctx.routing_replay)
-
-
-def effective_sample_size(metrics: Mapping[str, float]) -> float | None:
-    """Normalised ESS of the importance weights, (E w)^2 / E w^2 in (0, 1], from global token means."""
-    mean, sq = metrics.get("tis_weight_mean"), metrics.get("tis_weight_sq_mean")
-    if mean is None or sq is None or sq <= 0:
-        return None
-    return mean * mean / sq
 
 
 def uses_single_pass(ctx: StepContext) -> bool:
@@ -143,31 +134,15 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
         # FSDP averages gradients over ranks; the loss is already this rank's share of the global mean.
         (out.loss * ctx.world_size).backward()
         call_hooks(ctx.hooks, "before_step", step, mb)
-        grad_norm = clip_grad(ctx.grad_clip)          # global norm: every rank takes the same branch
-        if math.isfinite(grad_norm):
-            optimizer.step()
-        else:
-            log.warning("step %d: gradient norm is %s; optimizer step skipped", step, grad_norm)
-            totals["skipped_updates"] = totals.get("skipped_updates", 0.0) + 1.0
-            grad_norm = 0.0
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(optimizer, clip_grad(ctx.grad_clip), step, totals)   # global norm: same branch
         metrics = {k: float(v) for k, v in out.metrics.items()}
         if ctx.critic is not None:
             metrics.update(ctx.critic.train_minibatch(mb, mb.extras[RETURNS], token_count, ctx.world_size,
                                                       ctx.grad_clip))
         names = sorted(metrics)
         summed = all_reduce_sum([float(out.loss.detach())] + [metrics[k] for k in names], ctx.device)
-        mb_totals = dict(zip(["loss", *names], summed, strict=True))
-        ess = effective_sample_size(mb_totals)
-        if ess is not None:
-            mb_totals["ess"] = ess
-        for key, value in mb_totals.items():
-            totals[key] = totals.get(key, 0.0) + value / len(bounds)     # mean over minibatches
-        totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm / len(bounds)
-    counts = all_reduce_sum([float(len(samples)), float(batch.response_mask.sum()), float(batch.rewards.sum())],
-                            ctx.device)
-    totals.update(samples=counts[0], tokens=counts[1], reward_mean=counts[2] / max(counts[0], 1.0))
-    totals.update(version_totals(all_reduce_sum(version_sums(batch), ctx.device)))
+        add_minibatch(totals, dict(zip(["loss", *names], summed, strict=True)), grad_norm, len(bounds))
+    add_batch_counts(totals, len(samples), batch, partial(all_reduce_sum, device=ctx.device))
     return totals
 
 

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlfleet.run_dir.atomic import fsync_dir
+
 MAGIC = b"RLFC"
 _LEN = struct.Struct("<I")
 _HEAD = struct.Struct("<4sII")          # magic, body length, crc32(length bytes + body)
@@ -254,14 +256,6 @@ class AppendLog:
             pass                               # the zeros stay: a torn tail, cut at the next start
         finally:
             os.close(self._fd)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def replace_with(path: Path, buffers: list[bytes], preallocate: int = 0) -> AppendLog:

@@ -6,19 +6,17 @@ parallel layout, which a resume must match."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import xxhash
 from safetensors.torch import load_file, save_file
 
-from rlfleet.run_dir.atomic import write_bytes_atomic, write_text_atomic
+from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.services.trainer import checkpoint
-from rlfleet.services.trainer.checkpoint import CHECKSUMS, META, CheckpointError, CheckpointInfo
+from rlfleet.services.trainer.checkpoint import META, CheckpointError, CheckpointInfo
 
 LAYOUT_KEYS = ("tensor_parallel", "pipeline_parallel", "data_parallel")
 JSON_STATE = "json_state.json"
@@ -26,21 +24,6 @@ JSON_STATE = "json_state.json"
 
 def _shard_file(folder: Path, rank: int) -> Path:
     return folder / f"shard_rank{rank:05d}.safetensors"
-
-
-def _hash(path: Path) -> str:
-    h = xxhash.xxh64()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _rng_states(device: torch.device) -> dict[str, bytes]:
-    states = {"cpu": torch.get_rng_state().numpy().tobytes()}
-    if device.type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state(device).numpy().tobytes()
-    return states
 
 
 def _tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], Any]:
@@ -69,29 +52,14 @@ def save(run_dir: Path, step: int, version: int, model: torch.nn.Module, optimiz
     tensors, groups = _tensors(model, optimizer)
     save_file(tensors, str(_shard_file(tmp, rank)))
     write_text_atomic(tmp / f"optim_groups_rank{rank:05d}.json", json.dumps(groups))
-    for kind, data in _rng_states(device).items():
-        write_bytes_atomic(tmp / f"rng_{kind}_rank{rank:05d}.bin", data)
+    checkpoint.write_rng_states(tmp, rank, device)
     dist.barrier()
     if rank == 0:
         meta = {"step": step, "version": version, "world_size": world, "torch": torch.__version__,
                 "backend": "megatron", **layout}
         write_text_atomic(tmp / META, json.dumps(meta, indent=1))
         write_text_atomic(tmp / JSON_STATE, json.dumps(json_state or {}, indent=1))
-        files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != CHECKSUMS)
-        sums = {str(p.relative_to(tmp)): {"xxh64": _hash(p), "bytes": p.stat().st_size} for p in files}
-        write_text_atomic(tmp / CHECKSUMS, json.dumps(sums, indent=1))
-        if final.exists():
-            old = final.with_name(f".old-{final.name}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            shutil.rmtree(old)
-        os.replace(tmp, final)
-        fd = os.open(final.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        checkpoint.prune(run_dir, keep)
+        checkpoint.publish_folder(run_dir, tmp, final, keep)
     dist.barrier()
     return final
 
@@ -130,14 +98,6 @@ def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Op
             state[index] = entry
     groups = json.loads((info.path / f"optim_groups_rank{rank:05d}.json").read_text())
     optimizer.load_state_dict({"state": state, "param_groups": groups})
-    for kind in ("cpu", "cuda"):
-        path = info.path / f"rng_{kind}_rank{rank:05d}.bin"
-        if not path.exists():
-            continue
-        rng = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
-        if kind == "cpu":
-            torch.set_rng_state(rng)
-        elif device.type == "cuda":
-            torch.cuda.set_rng_state(rng, device)
+    checkpoint.restore_rng_states(info.path, rank, device)
     path = info.path / JSON_STATE
     return json.loads(path.read_text()) if path.exists() else {}

@@ -5,7 +5,6 @@ batch, each loss a share of the global token mean of its minibatch, metrics summ
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -23,8 +22,8 @@ from rlfleet.services.trainer.batch import batch_to, build_train_batch, select_r
 from rlfleet.services.trainer.collectives import broadcast_bytes
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.losses import ROW_COUNT, SEQ_COUNT
-from rlfleet.services.trainer.step import StepContext, effective_sample_size, row_bounds
-from rlfleet.services.trainer.token_versions import version_sums, version_totals
+from rlfleet.services.trainer.step import StepContext, row_bounds
+from rlfleet.services.trainer.step_totals import add_batch_counts, add_minibatch, optimizer_step
 
 log = logging.getLogger(__name__)
 
@@ -170,23 +169,8 @@ class MegatronStep:
                         values[k] = values.get(k, 0.0) + v
             whole = select_rows(batch, torch.arange(lo, hi, device=ctx.device), trim=True)
             call_hooks(ctx.hooks, "before_step", step, whole)
-            grad_norm = self.p.reduce_and_clip(ctx.grad_clip)       # global norm: every rank takes the same branch
-            if math.isfinite(grad_norm):
-                self.p.optimizer.step()
-            else:
-                log.warning("step %d: gradient norm is %s; optimizer step skipped", step, grad_norm)
-                totals["skipped_updates"] = totals.get("skipped_updates", 0.0) + 1.0
-                grad_norm = 0.0
-            self.p.optimizer.zero_grad(set_to_none=True)
-            mb_totals = self._global_metrics(values, ctx.device)
-            ess = effective_sample_size(mb_totals)
-            if ess is not None:
-                mb_totals["ess"] = ess
-            for key, value in mb_totals.items():
-                totals[key] = totals.get(key, 0.0) + value / len(bounds)          # mean over minibatches
-            totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm / len(bounds)
-        counts = self._dp_sum([float(len(samples)), float(batch.response_mask.sum()), float(batch.rewards.sum())],
-                              ctx.device)
-        totals.update(samples=counts[0], tokens=counts[1], reward_mean=counts[2] / max(counts[0], 1.0))
-        totals.update(version_totals(self._dp_sum(version_sums(batch), ctx.device)))
+            # global norm: every rank takes the same branch
+            grad_norm = optimizer_step(self.p.optimizer, self.p.reduce_and_clip(ctx.grad_clip), step, totals)
+            add_minibatch(totals, self._global_metrics(values, ctx.device), grad_norm, len(bounds))
+        add_batch_counts(totals, len(samples), batch, partial(self._dp_sum, device=ctx.device))
         return totals
