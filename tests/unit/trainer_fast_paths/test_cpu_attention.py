@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from rlfleet.config import parse_config
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
-from rlfleet.services.trainer.cpu_attention import FP32_SDPA, use_fp32_attention
 from rlfleet.services.trainer.distributed_exit import leave_distributed
+from rlfleet.services.trainer.fast_paths.cpu_attention import FP32_SDPA, use_fp32_attention
 
 torch.set_num_threads(1)
 

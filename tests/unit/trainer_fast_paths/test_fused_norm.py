@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from rlfleet.config import parse_config
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.distributed_exit import leave_distributed
-from rlfleet.services.trainer.fused_norm import FusedRMSNorm, fuse_rms_norms
+from rlfleet.services.trainer.fast_paths.fused_norm import FusedRMSNorm, fuse_rms_norms
 
 torch.set_num_threads(1)
 EPS = 1e-6
