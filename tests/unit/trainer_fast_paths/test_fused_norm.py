@@ -1,5 +1,5 @@
-"""RMSNorm as one op in float32 training (services/trainer/fused_norm.py): the same values and gradients as the
-formula computed in float64, HF's order kept for bf16, the model's names and parameters unchanged, and the FSDP
+"""RMSNorm as one op in float32 training (services/trainer/fast_paths/fused_norm.py): the same values and gradients as
+the formula computed in float64, HF's order kept for bf16, the model's names and parameters unchanged, and the FSDP
 backend using it only where it should."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The padding-free shared-prompt forward (services/trainer/grid_attention.py): a model switched to grid attention is
-plain SDPA for every forward that carries no grid; the FSDP backend switches float32 SDPA models to it (and only
-those), and a trained step through it equals the padded shared layout's."""
+"""The padding-free shared-prompt forward (services/trainer/fast_paths/grid_attention.py): a model switched to grid
+attention is plain SDPA for every forward that carries no grid; the FSDP backend switches float32 SDPA models to it (and
+only those), and a trained step through it equals the padded shared layout's."""
 
 from __future__ import annotations
 
