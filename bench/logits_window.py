@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlfleet.sample import Sample  # noqa: E402
 from rlfleet.services.trainer.batch import build_train_batch  # noqa: E402
-from rlfleet.services.trainer.shared_prompt import plan, shared_forward_logprobs  # noqa: E402
+from rlfleet.services.trainer.fast_paths import plan, shared_forward_logprobs  # noqa: E402
 
 
 class EveryPosition(torch.nn.Module):

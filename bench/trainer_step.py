@@ -1,5 +1,5 @@
-"""Trainer step time with the FSDP2 backend: 1 vs 2 processes, and padded vs packed vs shared-prompt rows (a
-group's prompt computed once: rlfleet/services/trainer/shared_prompt.py), in the same run. Prints, never asserts.
+"""Trainer step time with the FSDP2 backend: 1 vs 2 processes, and padded vs packed vs shared-prompt rows (a group's
+prompt computed once: rlfleet/services/trainer/fast_paths/shared_prompt.py), in the same run. Prints, never asserts.
 
 The same fixed batches (GRPO, `--groups` groups of 8 samples with prompt+response lengths spread between
 `--min-len` and `--max-len` tokens, like RL rollouts whose responses stop at different places) are trained by each
@@ -9,7 +9,7 @@ Every configuration runs `--warmup` untimed steps, then `--steps` timed ones; th
 ratios against "1 process, padded". Rounds alternate configurations so ratios compare runs seconds apart.
 Model: a llama of `--hidden` x `--layers` (vocab 19, the addition recipe's shape family).
 `--precisions fp32,bf16` adds bf16 compute (trainer.precision; on CPU its attention runs in float32:
-rlfleet/services/trainer/cpu_attention.py), `--processes 1` and `--layouts shared` narrow the grid.
+rlfleet/services/trainer/fast_paths/cpu_attention.py), `--processes 1` and `--layouts shared` narrow the grid.
 Run: python bench/trainer_step.py [--rounds 2] [--steps 5] [--hidden 256] [--layers 4] [--groups 8]
 The addition example's shape: --hidden 128 --layers 4 --groups 32 --min-len 10 --max-len 12 --prompt-len 7
 """

@@ -16,16 +16,16 @@ class PerfConfig(Section):
                                       "that scored the same) skip the forward and backward. Loss and gradients are "
                                       "unchanged; policy metrics average over the rows that trained.")
     shared_prompt: bool = Field(True, description="FSDP trainer: samples with the same prompt (a group) run it "
-                                "through the model once per forward (trainer/shared_prompt.py).")
+                                "through the model once per forward (trainer/fast_paths/shared_prompt.py).")
     shared_prompt_max_tokens: int = Field(8192, ge=16, description="Longest row of the shared-prompt layout; a "
                                           "group that does not fit is split, each part repeating the prompt.")
     shared_prompt_unpadded: bool = Field(True, description="FSDP trainer, float32, SDPA attention: the shared-prompt "
                                          "forward runs projections and MLPs on the real tokens only, attention on "
-                                         "the layout's padded grid (trainer/grid_attention.py).")
+                                         "the layout's padded grid (trainer/fast_paths/grid_attention.py).")
     fused_optimizer: bool = Field(True, description="Trainer: torch's fused AdamW kernel on CPU and CUDA (~3x "
                                   "faster optimizer step; rounding differs ~1e-8 from the per-tensor loop).")
     trainer_fused_norm: bool = Field(True, description="FSDP trainer, float32 compute: RMSNorm as one fused op "
-                                     "(F.rms_norm; trainer/fused_norm.py), same math, rounding ~1e-7.")
+                                     "(F.rms_norm; trainer/fast_paths/fused_norm.py), same math, rounding ~1e-7.")
     single_turn_collector: bool = Field(True, description="Rollout: the built-in single_turn runs every group on "
                                         "one collector thread, not a thread per group (same samples; "
                                         "services/rollout/single_turn_groups.py).")

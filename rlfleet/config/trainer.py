@@ -185,7 +185,7 @@ class TrainerConfig(Section):
     packing: PackingConfig = Field(PackingConfig(), description="Sequence packing.")
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 compute + fp32 master "
                                                        "weights on CUDA, fp32 on CPU. bf16 on CPU keeps attention "
-                                                       "in float32 (trainer/cpu_attention.py).")
+                                                       "in float32 (trainer/fast_paths/cpu_attention.py).")
     activation_checkpointing: bool = Field(False, description="Recompute activations in the backward (less "
                                            "memory, more compute).")
     dapo: DapoConfig = Field(DapoConfig(), description="The dapo loss.")

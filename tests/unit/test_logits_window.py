@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.batch import build_train_batch, first_read_position, forward_logprobs
+from rlfleet.services.trainer.fast_paths.shared_prompt import plan, shared_forward_logprobs
 from rlfleet.services.trainer.logits_window import logits_window
-from rlfleet.services.trainer.shared_prompt import plan, shared_forward_logprobs
 from tests.support.tiny_model import make_tiny_model
 
 TEMPERATURE = 0.8

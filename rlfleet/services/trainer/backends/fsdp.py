@@ -4,7 +4,8 @@ Options (trainer.*): precision (bf16 compute with fp32 master weights on CUDA, f
 checkpointing, sequence packing (rlfleet/services/trainer/sequence_packing.py), LoRA adapters
 (rlfleet/services/trainer/lora.py), an LR
 schedule, and the auxiliary models some algorithms need: the reference model (kl.coef > 0), the distillation teacher
-and PPO's critic, each sharded the same way.
+and PPO's critic, each sharded the same way. The fast paths (rlfleet/services/trainer/fast_paths/: module swaps before
+sharding, the on-policy and shared-prompt forwards) are taken through that package's door.
 """
 
 from __future__ import annotations
@@ -26,25 +27,20 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlfleet.config import Config
-from rlfleet.cpu_kernels import invariant_call, load_kwargs
 from rlfleet.sample import Sample
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import needs_critic, needs_teacher
 from rlfleet.services.trainer.aux_models import FrozenScorer
 from rlfleet.services.trainer.backends.shard_loading import build_meta_model, files_name_every_parameter, load_shards
 from rlfleet.services.trainer.batch import forward_logprobs
-from rlfleet.services.trainer.cpu_attention import use_fp32_attention
 from rlfleet.services.trainer.critic import Critic
-from rlfleet.services.trainer.fused_norm import fuse_rms_norms
-from rlfleet.services.trainer.grid_attention import use_grid_attention
+from rlfleet.services.trainer.fast_paths import apply_model_swaps, load_kwargs, training_forward
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.lora import apply_lora, is_adapter
-from rlfleet.services.trainer.onednn_linears import use_onednn_linears
 from rlfleet.services.trainer.optimizer import adamw
 from rlfleet.services.trainer.routing_replay import RoutingReplay
 from rlfleet.services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
-from rlfleet.services.trainer.sequence_packing import VARLEN_ATTENTION, packed_forward_logprobs
-from rlfleet.services.trainer.shared_prompt import SharedPromptForward
+from rlfleet.services.trainer.sequence_packing import packed_forward_logprobs
 from rlfleet.services.trainer.step import ForwardFn, StepContext, train_step
 from rlfleet.services.weight_sync.transports.sharded import ShardedState
 from rlfleet.weights.dtypes import DTYPES
@@ -127,16 +123,7 @@ class FsdpBackend:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.mesh = init_device_mesh(device.type, (world_size,))
         self.compute_dtype = compute_dtype(t.precision, device)
-        if self.compute_dtype != torch.float32 and device.type == "cpu" and not t.on_policy:
-            use_fp32_attention(model)           # bf16 matmuls, float32 attention (cpu_attention.py)
-        if self.compute_dtype == torch.float32 and cfg.perf.trainer_fused_norm and not t.on_policy:
-            fuse_rms_norms(model)               # one op per RMSNorm (fused_norm.py); before FSDP wraps the layers
-        if self.compute_dtype == torch.float32 and cfg.perf.onednn_linear and not t.on_policy:
-            swapped = use_onednn_linears(model, device, self.compute_dtype)  # onednn_linears.py; before FSDP
-            log.info("trainer linears through oneDNN: %d", swapped)
-        if self.compute_dtype == torch.float32 and cfg.perf.shared_prompt and cfg.perf.shared_prompt_unpadded \
-                and not t.on_policy:
-            use_grid_attention(model)           # the shared layout's real tokens only (grid_attention.py)
+        apply_model_swaps(model, cfg, device, self.compute_dtype)   # fast_paths/: before FSDP wraps the layers
         self.model = self._shard(model)
         if self.loaded_by_shards:
             load_shards(self.model, cfg.model_path, rank, world_size, device)
@@ -144,16 +131,12 @@ class FsdpBackend:
                                weight_decay=t.weight_decay, fused=cfg.perf.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, t.scheduler, t.steps)
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
-        self.forward: ForwardFn | None = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens,
-                                                 pad_id=self.pad_id, compute_dtype=self.compute_dtype) \
+        packed: ForwardFn | None = partial(packed_forward_logprobs, max_tokens=t.packing.max_tokens,
+                                           pad_id=self.pad_id, compute_dtype=self.compute_dtype) \
             if t.packing.enabled else None
-        # true on-policy: the engine's batch-invariant kernels (rlfleet.cpu_kernels.invariant_ops)
-        if t.on_policy:
-            self.forward = partial(invariant_call, self.forward or forward_logprobs)
-        elif cfg.perf.shared_prompt and model.config._attn_implementation not in VARLEN_ATTENTION:
-            # a group's prompt once per forward; bit-level batch invariance (on_policy) needs the padded rows
-            self.forward = SharedPromptForward(self.forward or forward_logprobs, cfg.perf.shared_prompt_max_tokens,
-                                               self.pad_id, self.compute_dtype)
+        # true on-policy (batch-invariant kernels) or the shared-prompt layout around it (fast_paths/)
+        self.forward = training_forward(cfg, packed, model.config._attn_implementation, self.pad_id,
+                                        self.compute_dtype)
         self.reference = FrozenScorer(cfg.model_path, device, self._shard, self._forward) if t.kl.coef > 0 else None
         self.teacher = None
         if needs_teacher(t):

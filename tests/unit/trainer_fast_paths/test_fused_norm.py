@@ -1,5 +1,5 @@
-"""RMSNorm as one op in float32 training (services/trainer/fused_norm.py): the same values and gradients as the
-formula computed in float64, HF's order kept for bf16, the model's names and parameters unchanged, and the FSDP
+"""RMSNorm as one op in float32 training (services/trainer/fast_paths/fused_norm.py): the same values and gradients as
+the formula computed in float64, HF's order kept for bf16, the model's names and parameters unchanged, and the FSDP
 backend using it only where it should."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from rlfleet.config import parse_config
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.distributed_exit import leave_distributed
-from rlfleet.services.trainer.fused_norm import FusedRMSNorm, fuse_rms_norms
+from rlfleet.services.trainer.fast_paths.fused_norm import FusedRMSNorm, fuse_rms_norms
 
 torch.set_num_threads(1)
 EPS = 1e-6

@@ -1,5 +1,5 @@
-"""bf16 training on CPU keeps attention in float32 (services/trainer/cpu_attention.py): the attention a bf16 model
-computes, and its gradients, are float32 attention on the bf16 inputs; the FSDP backend switches a bf16 CPU model
+"""bf16 training on CPU keeps attention in float32 (services/trainer/fast_paths/cpu_attention.py): the attention a bf16
+model computes, and its gradients, are float32 attention on the bf16 inputs; the FSDP backend switches a bf16 CPU model
 to it and trains."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from rlfleet.config import parse_config
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
-from rlfleet.services.trainer.cpu_attention import FP32_SDPA, use_fp32_attention
 from rlfleet.services.trainer.distributed_exit import leave_distributed
+from rlfleet.services.trainer.fast_paths.cpu_attention import FP32_SDPA, use_fp32_attention
 
 torch.set_num_threads(1)
 

@@ -16,8 +16,8 @@ from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.batch import build_train_batch, forward_logprobs
-from rlfleet.services.trainer.grid_attention import use_grid_attention
-from rlfleet.services.trainer.shared_prompt import (
+from rlfleet.services.trainer.fast_paths.grid_attention import use_grid_attention
+from rlfleet.services.trainer.fast_paths.shared_prompt import (
     SharedPromptForward,
     lay_out,
     plan,

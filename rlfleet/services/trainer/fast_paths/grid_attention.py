@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rlfleet.services.trainer.attention_swap import swap_sdpa
+from rlfleet.services.trainer.fast_paths.attention_swap import swap_sdpa
 
 GRID_SDPA = "rlfleet_grid_sdpa"
 GRID_KEY = "rlfleet_grid"          # the forward's keyword argument that carries the Grid down to attention

@@ -26,7 +26,7 @@ import torch
 from rlfleet.protocols import TrainBatch
 from rlfleet.services.trainer.batch import select_rows
 from rlfleet.services.trainer.entropy import record_entropy
-from rlfleet.services.trainer.grid_attention import GRID_KEY, Grid, uses_grid_attention
+from rlfleet.services.trainer.fast_paths.grid_attention import GRID_KEY, Grid, uses_grid_attention
 from rlfleet.services.trainer.logits_window import logits_window, takes_logits_to_keep
 from rlfleet.services.trainer.step import ForwardFn
 

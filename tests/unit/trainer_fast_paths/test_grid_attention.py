@@ -1,6 +1,6 @@
-"""The padding-free shared-prompt forward (services/trainer/grid_attention.py): a model switched to grid attention is
-plain SDPA for every forward that carries no grid; the FSDP backend switches float32 SDPA models to it (and only
-those), and a trained step through it equals the padded shared layout's."""
+"""The padding-free shared-prompt forward (services/trainer/fast_paths/grid_attention.py): a model switched to grid
+attention is plain SDPA for every forward that carries no grid; the FSDP backend switches float32 SDPA models to it (and
+only those), and a trained step through it equals the padded shared layout's."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from rlfleet.sample import Sample
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.backends.fsdp import FsdpBackend, init_distributed
 from rlfleet.services.trainer.distributed_exit import leave_distributed
-from rlfleet.services.trainer.grid_attention import GRID_SDPA, Grid, use_grid_attention, uses_grid_attention
-from rlfleet.services.trainer.shared_prompt import SharedPromptForward
+from rlfleet.services.trainer.fast_paths.grid_attention import GRID_SDPA, Grid, use_grid_attention, uses_grid_attention
+from rlfleet.services.trainer.fast_paths.shared_prompt import SharedPromptForward
 from rlfleet.services.trainer.step import StepContext
 
 torch.set_num_threads(1)
@@ -114,7 +114,7 @@ class _NoLogitsToKeep(torch.nn.Module):
 
 def test_a_model_without_logits_to_keep_reads_every_position(tiny_model_dir: Path) -> None:
     from rlfleet.services.trainer.batch import build_train_batch
-    from rlfleet.services.trainer.shared_prompt import plan, shared_forward_logprobs
+    from rlfleet.services.trainer.fast_paths.shared_prompt import plan, shared_forward_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32, attn_implementation="sdpa")
     assert use_grid_attention(model)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rlfleet.services.trainer.attention_swap import swap_sdpa
+from rlfleet.services.trainer.fast_paths.attention_swap import swap_sdpa
 
 FP32_SDPA = "rlfleet_sdpa_fp32"
 
