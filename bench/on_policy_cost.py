@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from examples.addition.model import build_random_model  # noqa: E402
-from rlfleet.cpu_kernels.invariant_ops import invariant_call  # noqa: E402
+from rlfleet.cpu_kernels import invariant_call  # noqa: E402
 from rlfleet.protocols import SamplingParams  # noqa: E402
 from rlfleet.sample import Sample  # noqa: E402
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine  # noqa: E402
