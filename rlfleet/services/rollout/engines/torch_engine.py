@@ -37,7 +37,7 @@ from transformers.cache_utils import DynamicCache
 from rlfleet.cpu_kernels import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.services.rollout.engines import kv_cache
-from rlfleet.services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
+from rlfleet.services.rollout.engines.base import EngineError, EngineStats, check_request
 from rlfleet.services.rollout.engines.fast_decode import SLACK, FastDecoder, supports
 from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
 from rlfleet.services.rollout.engines.sampling import RowSampling, choose_tokens
@@ -495,7 +495,7 @@ class TorchEngine:
         self._finished += 1
         if req.future.done():
             return
-        req.future.set_result(EngineGeneration(
+        req.future.set_result(Generation(
             output_ids=tuple(req.output_ids), logprobs=tuple(req.logprobs), finish_reason=reason,
             weight_version=req.versions[0] if req.versions else self._version, token_versions=tuple(req.versions),
             routed_experts=np.stack(req.routes) if req.routes else None))       # [T, layers, K]
