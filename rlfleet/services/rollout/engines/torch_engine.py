@@ -38,7 +38,7 @@ from rlfleet.cpu_kernels import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.services.rollout.engines import kv_cache
 from rlfleet.services.rollout.engines.base import EngineError, EngineStats, check_request
-from rlfleet.services.rollout.engines.fast_decode import SLACK, FastDecoder, supports
+from rlfleet.services.rollout.engines.lean_llama import SLACK, FastDecoder, supports
 from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
 from rlfleet.services.rollout.engines.sampling import RowSampling, choose_tokens
 from rlfleet.services.rollout.engines.weights import check_update, load_safetensors_folder
@@ -88,10 +88,11 @@ class TorchEngine:
         on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
         rlfleet.cpu_kernels.invariant_ops, so the logprobs equal the trainer's recomputation bitwise (no fast or
         compiled
-        decode). fast_decode: Llama-family models decode through `fast_decode.FastDecoder` (same math, less
+        decode). fast_decode: Llama-family models decode through `lean_llama.FastDecoder` (same math, less
         overhead); compile: torch.compile its layer step (off by default; an uncompiled engine never compiles);
-        onednn: that step's linears through oneDNN on a CPU (llama_ops.OneDNNLinears), else torch's ops;
-        native_attention: that step's attention through a C kernel on a CPU with AVX-512 (native_attention.py)."""
+        onednn: that step's linears through oneDNN on a CPU (lean_llama/llama_ops.py), else torch's ops;
+        native_attention: that step's attention through a C kernel on a CPU with AVX-512
+        (lean_llama/native_attention.py)."""
         self.on_policy = on_policy
         self.model: torch.nn.Module
         self.vocab_size: int
@@ -452,7 +453,7 @@ class TorchEngine:
     @staticmethod
     def _spare_columns(reqs: Sequence[_Request]) -> int:
         """Cache columns to allocate past the current ones: the most tokens any of reqs may still add (each adds
-        one a step), at most fast_decode.SLACK."""
+        one a step), at most lean_llama.SLACK."""
         return max(1, min(SLACK, max((r.sampling.max_new_tokens - len(r.output_ids) for r in reqs), default=1)))
 
     def _accept(self, logits: torch.Tensor, first: int, routes: torch.Tensor | None = None) -> None:

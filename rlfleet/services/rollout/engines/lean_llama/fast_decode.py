@@ -36,10 +36,10 @@ from transformers.cache_utils import DynamicCache
 
 from rlfleet.cpu_kernels import fused_rms_norm as norm
 from rlfleet.services.rollout.engines import kv_cache
-from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
-from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters
-from rlfleet.services.rollout.engines.llama_ops import Linears, Rotary, pick_linears
-from rlfleet.services.rollout.engines.native_attention import NativeAttention, load_for
+from rlfleet.services.rollout.engines.lean_llama.fast_prefill import pack, prefill_layer
+from rlfleet.services.rollout.engines.lean_llama.fused_params import LayerParams, fuse_layers, shared_parameters
+from rlfleet.services.rollout.engines.lean_llama.llama_ops import Linears, Rotary, pick_linears
+from rlfleet.services.rollout.engines.lean_llama.native_attention import NativeAttention, load_for
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 SLACK = 64                     # most spare cache columns allocated per re-buffering

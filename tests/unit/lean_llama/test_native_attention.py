@@ -1,7 +1,8 @@
-"""The decode step's C attention kernel (engines/native_attention.py, decode_attention.c): values against float64
-torch at every head width, with grouped heads, masked columns, spare buffer columns and strided queries; the lean
-decode step and the engine with it give the HF forward's logits and the torch path's ids; and where it cannot be
-built (no compiler, a failing compiler) or gives wrong values, it is refused with the reason and torch's ops run."""
+"""The decode step's C attention kernel (engines/lean_llama/native_attention.py, decode_attention.c): values against
+float64 torch at every head width, with grouped heads, masked columns, spare buffer columns and strided queries; the
+lean decode step and the engine with it give the HF forward's logits and the torch path's ids; and where it cannot
+be built (no compiler, a failing compiler) or gives wrong values, it is refused with the reason and torch's ops
+run."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlfleet.protocols import SamplingParams
-from rlfleet.services.rollout.engines import native_attention
-from rlfleet.services.rollout.engines.native_attention import HEAD_DIMS, NativeAttention
+from rlfleet.services.rollout.engines.lean_llama import native_attention
+from rlfleet.services.rollout.engines.lean_llama.native_attention import HEAD_DIMS, NativeAttention
 from tests.support.engine_pairs import assert_engines_agree
 from tests.support.tiny_model import make_tiny_model
 
@@ -103,7 +104,7 @@ def test_an_unsupported_head_width_is_refused_by_the_kernel_not_read() -> None:
 def test_the_lean_decode_step_with_the_kernel_gives_the_hf_forward() -> None:
     """Grouped-query llama with 32-wide heads (6 query heads on 2 key/value heads): prefill and each decode step
     through the kernel give the HF forward's last-token logits over the whole sequence."""
-    from rlfleet.services.rollout.engines.fast_decode import FastDecoder
+    from rlfleet.services.rollout.engines.lean_llama.fast_decode import FastDecoder
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
