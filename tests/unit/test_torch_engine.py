@@ -12,6 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from rlfleet.protocols import SamplingParams
 from rlfleet.services.rollout.engines.base import EngineError
+from rlfleet.services.rollout.engines.hf_decoder import HFDecoder
+from rlfleet.services.rollout.engines.lean_llama import FastDecoder
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.weight_sync.transports.manifest import digest_of
 from tests.support.engine_pairs import assert_engines_agree
@@ -170,13 +172,26 @@ def test_fast_decode_matches_the_hf_decode_path(model_dir: Path) -> None:
     """The lean Llama decode step (fast_decode.py) gives the HF modules' ids and logprobs, batch joins included."""
     fast, plain = TorchEngine(model_dir, max_batch_size=3), TorchEngine(model_dir, max_batch_size=3, fast_decode=False)
     try:
-        assert fast._fast is not None and plain._fast is None
+        assert isinstance(fast._decoder, FastDecoder) and isinstance(plain._decoder, HFDecoder)
         assert_engines_agree(fast, plain, PROMPTS, (SamplingParams(temperature=0, max_new_tokens=6),
                                                     SamplingParams(temperature=1.0, max_new_tokens=6, seed=11)),
                              staggered)
     finally:
         fast.shutdown()
         plain.shutdown()
+
+
+@pytest.mark.parametrize(("fast_decode", "on_policy", "lean"), [(True, False, True), (False, False, False),
+                                                                 (True, True, False)])
+def test_the_decoder_is_chosen_once_when_the_model_loads(model_dir: Path, fast_decode: bool, on_policy: bool,
+                                                        lean: bool) -> None:
+    """A llama decodes through the lean path unless fast_decode is off or the engine is on-policy (HF modules)."""
+    eng = TorchEngine(model_dir, max_batch_size=2, fast_decode=fast_decode, on_policy=on_policy)
+    try:
+        assert isinstance(eng._decoder, FastDecoder if lean else HFDecoder)
+        assert eng.submit(PROMPTS[0], SamplingParams(temperature=0, max_new_tokens=3)).result(timeout=60).output_ids
+    finally:
+        eng.shutdown()
 
 
 @pytest.mark.parametrize("fast_decode", [True, False])    # the packed prefill (fast_prefill.py) and the HF forward

@@ -39,11 +39,12 @@ def test_finished_rows_leave_the_decode_buffers_in_one_copy(model_dir: Path) -> 
         for room, one_copy in ((4, True), (64, False)):
             dec = FastDecoder(model, slack=room)
             prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[5]]
-            cache, mask, logits = dec.prefill(prompts, torch.tensor([0, 1, 2, 2]), room)   # 4 rows, 3 prompts
+            prefilled = dec.prefill(prompts, torch.tensor([0, 1, 2, 2]), room)   # 4 rows, 3 prompts
+            cache, mask, logits = prefilled.cache, prefilled.mask, prefilled.logits
             last, pos = logits.argmax(-1), mask.sum(1)
             for _ in range(2):                                                          # two decode steps
                 mask = torch.cat([mask, mask.new_ones(4, 1)], dim=1)
-                last, pos = dec.decode(cache, last, pos, mask, room).argmax(-1), pos + 1
+                last, pos = dec.decode(cache, last, pos, mask, room).logits.argmax(-1), pos + 1
             rows = torch.tensor([1, 3])                 # rows 0 and 2 finish; both kept rows have no left padding
             expected = copy.deepcopy(cache)
             want_mask = kv_cache.select(expected, mask, rows)
@@ -72,7 +73,8 @@ def test_decode_with_a_few_spare_columns_matches_the_full_forward_through_many_r
     prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[6]]
     with torch.inference_mode():
         dec = FastDecoder(model, slack=3)
-        cache, mask, logits = dec.prefill(prompts, torch.tensor([0, 1, 2]), 40)
+        prefilled = dec.prefill(prompts, torch.tensor([0, 1, 2]), 40)
+        cache, mask, logits = prefilled.cache, prefilled.mask, prefilled.logits
         assert all(kb.shape[2] == mask.shape[1] + 3 for kb, _ in dec._buffers.values())     # room capped at 3
         seqs = [list(p) for p in prompts]
         last, pos, alive = logits.argmax(-1), mask.sum(1), [0, 1, 2]
@@ -86,7 +88,7 @@ def test_decode_with_a_few_spare_columns_matches_the_full_forward_through_many_r
                 mask = dec.select(cache, mask, keep)
                 alive, last, pos = [0, 2], last[keep], pos[keep]
             mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
-            logits = dec.decode(cache, last, pos, mask, 40)                          # [B, V]
+            logits = dec.decode(cache, last, pos, mask, 40).logits                          # [B, V]
             for i, (kb, _) in dec._buffers.items():
                 rebuffers[i] += kb.data_ptr() != held[i]
                 held[i] = kb.data_ptr()

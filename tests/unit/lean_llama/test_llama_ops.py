@@ -93,7 +93,8 @@ def test_decode_over_several_lm_head_chunks_matches_the_hf_forward(onednn: bool,
     with torch.inference_mode():
         dec = FastDecoder(model, onednn=onednn)
         assert isinstance(dec.ops, OneDNNLinears if onednn else BlasLinears)
-        cache, mask, logits = dec.prefill(prompts, torch.arange(rows), 8)                        # logits: [R, V]
+        prefilled = dec.prefill(prompts, torch.arange(rows), 8)                        # logits: [R, V]
+        cache, mask, logits = prefilled.cache, prefilled.mask, prefilled.logits
         seqs = [list(p) for p in prompts]
         pos = mask.sum(1)
         for _ in range(6):
@@ -104,7 +105,7 @@ def test_decode_over_several_lm_head_chunks_matches_the_hf_forward(onednn: bool,
             for seq, tok in zip(seqs, last.tolist(), strict=True):
                 seq.append(tok)
             mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
-            logits = dec.decode(cache, last, pos, mask, 8)
+            logits = dec.decode(cache, last, pos, mask, 8).logits
             pos = pos + 1
 
 

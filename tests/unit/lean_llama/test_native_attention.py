@@ -114,7 +114,8 @@ def test_the_lean_decode_step_with_the_kernel_gives_the_hf_forward() -> None:
     with torch.inference_mode():
         dec = FastDecoder(model)
         assert dec.native is not None
-        cache, mask, logits = dec.prefill(prompts, torch.arange(len(prompts)), 4)
+        prefilled = dec.prefill(prompts, torch.arange(len(prompts)), 4)
+        cache, mask, logits = prefilled.cache, prefilled.mask, prefilled.logits
         seqs = [list(p) for p in prompts]
         pos = mask.sum(1)
         for _ in range(9):                                        # past the 4 spare columns: re-buffered twice
@@ -125,7 +126,7 @@ def test_the_lean_decode_step_with_the_kernel_gives_the_hf_forward() -> None:
             for seq, tok in zip(seqs, last.tolist(), strict=True):
                 seq.append(tok)
             mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
-            logits = dec.decode(cache, last, pos, mask, 4)
+            logits = dec.decode(cache, last, pos, mask, 4).logits
             pos = pos + 1
 
 
@@ -133,6 +134,7 @@ def test_the_lean_decode_step_with_the_kernel_gives_the_hf_forward() -> None:
 def test_the_engine_with_the_kernel_gives_the_torch_paths_ids_and_logprobs(tmp_path: Path) -> None:
     """The addition example's model shape (128 wide, 4 heads of 32): greedy and seeded sampled generations of
     staggered lengths (rows finish and leave mid-batch) match the engine with torch's attention."""
+    from rlfleet.services.rollout.engines.lean_llama import FastDecoder
     from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 
     model_dir = make_tiny_model(tmp_path, seed=3, hidden=128, layers=2)
@@ -140,8 +142,8 @@ def test_the_engine_with_the_kernel_gives_the_torch_paths_ids_and_logprobs(tmp_p
     native, plain = (TorchEngine(model_dir, max_batch_size=4, eos_token_ids=(), native_attention=on)
                      for on in (True, False))
     try:
-        assert native._fast is not None and native._fast.native is not None
-        assert plain._fast is not None and plain._fast.native is None
+        assert isinstance(native._decoder, FastDecoder) and native._decoder.native is not None
+        assert isinstance(plain._decoder, FastDecoder) and plain._decoder.native is None
         assert_engines_agree(native, plain, prompts, (SamplingParams(temperature=0, max_new_tokens=7),
                                                       SamplingParams(temperature=1.0, max_new_tokens=7, seed=5)),
                              lambda sampling, i: dataclasses.replace(sampling, max_new_tokens=4 + i))
