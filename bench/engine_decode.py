@@ -5,11 +5,11 @@
                                   [--baseline NAME=DIR ...]
 
 Engines measured in the same run, interleaved: the torch engine with its lean Llama prefill and decode step
-(fast_prefill.py, fast_decode.py), the same engine through the HF modules (fast_decode=False), optionally with
-torch.compile (--compile), and HF `generate`; --baseline adds the engine of another source tree (e.g. made with
-`git worktree add /tmp/base REV`), so a change is measured against its revision in the same run. --model-dir
-measures a real model folder (e.g. SmolLM2-135M as safetensors) instead of a random llama of --hidden x --layers
-(the addition example's model is --hidden 128 --layers 4).
+(engines/lean_llama/: fast_prefill.py, fast_decode.py), the same engine through the HF modules (fast_decode=False),
+optionally with torch.compile (--compile), and HF `generate`; --baseline adds the engine of another source tree
+(e.g. made with `git worktree add /tmp/base REV`), so a change is measured against its revision in the same run.
+--model-dir measures a real model folder (e.g. SmolLM2-135M as safetensors) instead of a random llama of --hidden x
+--layers (the addition example's model is --hidden 128 --layers 4).
 
 Each contender runs in a process of its own (started once, then told to run one round at a time, in turn): with more
 than one torch thread, two long-lived threads that both ran OpenMP work in one process throttle each other's

@@ -30,14 +30,15 @@ class PerfConfig(Section):
                                         "one collector thread, not a thread per group (same samples; "
                                         "services/rollout/single_turn_groups.py).")
     engine_fast_decode: bool = Field(True, description="torch engine: lean Llama-family packed prefill and decode "
-                                     "step on fused q/k/v and gate/up weights (fast_prefill.py, fast_decode.py).")
+                                     "step on fused q/k/v and gate/up weights (engines/lean_llama/).")
     onednn_linear: bool = Field(True, description="CPU: the torch engine's lean step and the float32 trainer's "
                                 "linears run through oneDNN (rlfleet/cpu_kernels/onednn.py; ~2x MKL on AMD "
                                 "CPUs, "
                                 "rounding ~1e-6 apart); false: torch's own ops (MKL).")
     native_attention: bool = Field(True, description="CPU with AVX-512, one engine thread: the torch engine's lean "
                                    "decode step runs attention as a C kernel built at first use with the system C "
-                                   "compiler (engines/native_attention.py; ~2x torch's ops); false, or no compiler: "
+                                   "compiler (engines/lean_llama/native_attention.py; ~2x torch's ops); false, or no "
+                                   "compiler: "
                                    "torch's ops.")
     engine_compile: bool = Field(False, description="torch engine: torch.compile that step (needs a compiler; slow "
                                  "start).")

@@ -1,5 +1,5 @@
-"""RMSNorm as the Llama family computes it, shared by the rollout engine's lean decode (engines/llama_ops.py users)
-and the trainer's fused norm modules (services/trainer/fast_paths/fused_norm.py), so both normalise the same way."""
+"""RMSNorm as the Llama family computes it, shared by the rollout engine's lean decode (engines/lean_llama/) and
+the trainer's fused norm modules (services/trainer/fast_paths/fused_norm.py), so both normalise the same way."""
 
 from __future__ import annotations
 

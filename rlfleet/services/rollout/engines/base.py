@@ -37,13 +37,6 @@ def check_request(input_ids: Sequence[int], sampling: SamplingParams) -> None:
 
 
 @dataclass(frozen=True)
-class EngineGeneration(Generation):
-    """A Generation with the weight version that produced each output token (in-place updates mid-sequence)."""
-
-    token_versions: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
 class EngineStats:
     running: int              # sequences in the batch now
     waiting: int              # submitted, not yet admitted

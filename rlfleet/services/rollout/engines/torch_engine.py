@@ -4,7 +4,9 @@ One scheduler thread owns the model. Each iteration it admits waiting requests (
 sequences) with a left-padded prefill whose cache is merged into the running batch, then runs one decode step for
 every running sequence. A request finishes on EOS, one of its stop ids, or max_new_tokens, and its future resolves
 at once while the others keep going. Weight updates land between two decode steps, and in-flight sequences continue
-under the new weights (each token records the version that produced it).
+under the new weights (each token records the version that produced it). The forwards themselves run through a
+Decoder (decoder.py) chosen once when the model loads: the lean Llama-family path (lean_llama/) or the HF modules
+(hf_decoder.py).
 
 The scheduler thread also loads the model and does every other piece of tensor work on it (weight loads, freeing
 rows on abort, `call`): other threads only hand it work. On CPU this is worth ~1.7x at two or more torch threads.
@@ -36,9 +38,10 @@ from transformers.cache_utils import DynamicCache
 
 from rlfleet.cpu_kernels import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
-from rlfleet.services.rollout.engines import kv_cache
-from rlfleet.services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
-from rlfleet.services.rollout.engines.fast_decode import SLACK, FastDecoder, supports
+from rlfleet.services.rollout.engines import kv_cache, lean_llama
+from rlfleet.services.rollout.engines.base import EngineError, EngineStats, check_request
+from rlfleet.services.rollout.engines.decoder import Decoder
+from rlfleet.services.rollout.engines.hf_decoder import HFDecoder
 from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
 from rlfleet.services.rollout.engines.sampling import RowSampling, choose_tokens
 from rlfleet.services.rollout.engines.weights import check_update, load_safetensors_folder
@@ -77,6 +80,16 @@ def _eos_ids(model: torch.nn.Module) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _decoder_for(model: torch.nn.Module, device: torch.device, lean: bool, compile: bool, onednn: bool,
+                 native_attention: bool) -> Decoder:
+    """The lean Llama-family decoder where asked for (lean: fast_decode and not on-policy), the model has no MoE
+    routes to record and lean_llama supports it; else the HF modules' forward (recording routes for an MoE model)."""
+    routes = RouteRecorder.attach(model)                 # MoE models: record routes for R3, else None
+    if lean and routes is None and lean_llama.supports(model):
+        return lean_llama.FastDecoder(model, compile=compile, onednn=onednn, native_attention=native_attention)
+    return HFDecoder(model, device, routes)
+
+
 class TorchEngine:
     name = "torch"
 
@@ -88,16 +101,16 @@ class TorchEngine:
         on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
         rlfleet.cpu_kernels.invariant_ops, so the logprobs equal the trainer's recomputation bitwise (no fast or
         compiled
-        decode). fast_decode: Llama-family models decode through `fast_decode.FastDecoder` (same math, less
-        overhead); compile: torch.compile its layer step (off by default; an uncompiled engine never compiles);
-        onednn: that step's linears through oneDNN on a CPU (llama_ops.OneDNNLinears), else torch's ops;
-        native_attention: that step's attention through a C kernel on a CPU with AVX-512 (native_attention.py)."""
+        decode). fast_decode: Llama-family models decode through `lean_llama.FastDecoder` (same math, less
+        overhead), other models through the HF modules (hf_decoder.HFDecoder); compile: torch.compile the lean
+        layer step (off by default; an uncompiled engine never compiles); onednn: that step's linears through oneDNN
+        on a CPU (lean_llama/llama_ops.py), else torch's ops; native_attention: that step's attention through a C
+        kernel on a CPU with AVX-512 (lean_llama/native_attention.py)."""
         self.on_policy = on_policy
         self.model: torch.nn.Module
         self.vocab_size: int
         self.eos_ids: frozenset[int]
-        self._routes: RouteRecorder | None
-        self._fast: FastDecoder | None
+        self._decoder: Decoder                      # chosen once when the model loads (_decoder_for)
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self._seeds = torch.Generator().manual_seed(seed)       # seeds requests that bring none
@@ -134,9 +147,7 @@ class TorchEngine:
         self.model.eval()
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
-        self._routes = RouteRecorder.attach(self.model)        # MoE models: record routes for R3, else None
-        self._fast = FastDecoder(self.model, compile=compile, onednn=onednn, native_attention=native_attention) \
-            if fast_decode and self._routes is None and supports(self.model) else None
+        self._decoder = _decoder_for(self.model, self.device, fast_decode, compile, onednn, native_attention)
 
     def _run(self, loaded: Future[None], *load_args: Any) -> None:
         try:
@@ -267,7 +278,7 @@ class TorchEngine:
             self._pos, self._last = self._pos[:0], self._last[:0]
             with self._cv:
                 for req in reversed(victims):
-                    for part in (req.output_ids, req.logprobs, req.versions, getattr(req, "routes", [])):
+                    for part in (req.output_ids, req.logprobs, req.versions, req.routes):
                         part.clear()
                     if req.row.rng is not None:
                         req.row = dataclasses.replace(req.row, rng=np.random.default_rng(req.seed))
@@ -304,8 +315,7 @@ class TorchEngine:
         if keep:
             idx = torch.tensor(keep, dtype=torch.long, device=self.device)
             assert self._cache is not None
-            self._mask = self._fast.select(self._cache, self._mask, idx) if self._fast is not None else \
-                kv_cache.select(self._cache, self._mask, idx)
+            self._mask = self._decoder.select(self._cache, self._mask, idx)
             self._pos, self._last = self._pos[idx], self._last[idx]
         else:
             self._cache = None
@@ -393,33 +403,10 @@ class TorchEngine:
         copied: a GRPO group of 8 costs one prompt's prefill, not 8."""
         unique: dict[tuple[int, ...], int] = {}
         of_row = [unique.setdefault(tuple(r.input_ids), len(unique)) for r in reqs]           # [N] -> unique row
-        prompts = list(unique)
-        if self._fast is not None:                   # packed prompts, cache written straight into decode buffers
-            cache, mask, logits = self._fast.prefill(prompts, torch.tensor(of_row, device=self.device),
-                                                     self._spare_columns(reqs))
-            self._admit(reqs, cache, mask)
-            self._accept(logits, first=len(self._running) - len(reqs))
-            return
-        length = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), length, dtype=torch.long)               # [U, P] left-padded
-        mask = torch.zeros(len(prompts), length, dtype=torch.long)              # [U, P]
-        for i, prompt in enumerate(prompts):
-            ids[i, length - len(prompt):] = torch.tensor(prompt)
-            mask[i, length - len(prompt):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(1) - 1).clamp(min=0)                                  # [U, P]
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                         logits_to_keep=1)
-        logits = out.logits[:, -1]                                               # [U, V]
-        routes = self._routes.take(len(prompts), length)[:, -1] if self._routes else None   # [U, layers, K]
-        if len(prompts) < len(reqs):                                             # copy each prompt's rows out
-            idx = torch.tensor(of_row, dtype=torch.long, device=self.device)    # [N]
-            mask = kv_cache.select(out.cache, mask, idx)                         # [N, P]
-            logits = logits[idx]                                                 # [N, V]
-            routes = routes[idx.cpu()] if routes is not None else None           # [N, layers, K]
-        self._admit(reqs, out.cache, mask)
-        self._accept(logits, first=len(self._running) - len(reqs), routes=routes)
+        rows = torch.tensor(of_row, dtype=torch.long, device=self.device)                   # [N]
+        out = self._decoder.prefill(list(unique), rows, self._still_to_add(reqs))
+        self._admit(reqs, out.cache, out.mask)
+        self._accept(out.logits, first=len(self._running) - len(reqs), routes=out.routes)
 
     def _admit(self, reqs: list[_Request], cache: DynamicCache, mask: torch.Tensor) -> None:
         """Add prefilled requests (their cache and mask [N, P]) to the running batch, after the running rows."""
@@ -436,24 +423,16 @@ class TorchEngine:
     def _decode(self) -> None:
         b = len(self._running)
         self._mask = torch.cat([self._mask, self._mask.new_ones(b, 1)], dim=1)  # [B, L+1]
-        if self._fast is not None:
-            logits = self._fast.decode(self._cache, self._last, self._pos, self._mask,
-                                       self._spare_columns(self._running))            # [B, V]
-            self._pos = self._pos + 1
-            self._accept(logits, first=0)
-            return
-        out = self.model(input_ids=self._last.unsqueeze(1), attention_mask=self._mask,
-                         position_ids=self._pos.unsqueeze(1), cache=self._cache, use_cache=True)
+        out = self._decoder.decode(self._cache, self._last, self._pos, self._mask, self._still_to_add(self._running))
         self._cache = out.cache
         self._pos = self._pos + 1
-        routes = self._routes.take(b, 1)[:, 0] if self._routes else None       # [B, layers, K]
-        self._accept(out.logits[:, -1], first=0, routes=routes)                 # logits: [B, V]
+        self._accept(out.logits, first=0, routes=out.routes)                    # logits: [B, V]
 
     @staticmethod
-    def _spare_columns(reqs: Sequence[_Request]) -> int:
-        """Cache columns to allocate past the current ones: the most tokens any of reqs may still add (each adds
-        one a step), at most fast_decode.SLACK."""
-        return max(1, min(SLACK, max((r.sampling.max_new_tokens - len(r.output_ids) for r in reqs), default=1)))
+    def _still_to_add(reqs: Sequence[_Request]) -> int:
+        """The most tokens any of reqs may still add (each adds one a step), at least 1: how many spare cache
+        columns a decoder that keeps some may allocate."""
+        return max(1, max((r.sampling.max_new_tokens - len(r.output_ids) for r in reqs), default=1))
 
     def _accept(self, logits: torch.Tensor, first: int, routes: torch.Tensor | None = None) -> None:
         """logits: [R, V] for running rows first..first+R-1. Choose tokens, finish requests, drop their rows.
@@ -495,7 +474,7 @@ class TorchEngine:
         self._finished += 1
         if req.future.done():
             return
-        req.future.set_result(EngineGeneration(
+        req.future.set_result(Generation(
             output_ids=tuple(req.output_ids), logprobs=tuple(req.logprobs), finish_reason=reason,
             weight_version=req.versions[0] if req.versions else self._version, token_versions=tuple(req.versions),
             routed_experts=np.stack(req.routes) if req.routes else None))       # [T, layers, K]

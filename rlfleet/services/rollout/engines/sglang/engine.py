@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 
 from rlfleet.protocols import Generation, SamplingParams
-from rlfleet.services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
+from rlfleet.services.rollout.engines.base import EngineError, EngineStats, check_request
 from rlfleet.services.rollout.engines.sglang.client import SGLangClient, SGLangError
 from rlfleet.services.rollout.engines.sglang.group import broadcast_tensors, new_group, run_beside
 from rlfleet.services.rollout.engines.sglang.protocol import generate_body, parse_generate_response
@@ -169,8 +169,8 @@ class SGLangEngine:
                 break
         for rid, future in victims.items():
             if not future.done():
-                self._finish(rid, future, gen=EngineGeneration(output_ids=(), logprobs=(), finish_reason="abort",
-                                                               weight_version=self._version))
+                self._finish(rid, future, gen=Generation(output_ids=(), logprobs=(), finish_reason="abort",
+                                                         weight_version=self._version))
         return len(victims)
 
     def stats(self) -> EngineStats:

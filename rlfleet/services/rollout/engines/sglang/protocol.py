@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.protocols import SamplingParams
-from rlfleet.services.rollout.engines.base import EngineError, EngineGeneration
+from rlfleet.protocols import Generation, SamplingParams
+from rlfleet.services.rollout.engines.base import EngineError
 from rlfleet.services.rollout.engines.sglang.routes import SERVER_FLAG, MoeShape, decode_routes, routes_request
 
 
@@ -96,8 +96,8 @@ def _routes(meta: dict[str, Any], n_tokens: int, shape: MoeShape, finish_reason:
 
 
 def parse_generate_response(body: dict[str, Any], fallback_version: int, routes: MoeShape | None = None
-                            ) -> EngineGeneration:
-    """A non-streamed /generate answer for one request -> EngineGeneration (ids from output_ids, logprobs from
+                            ) -> Generation:
+    """A non-streamed /generate answer for one request -> Generation (ids from output_ids, logprobs from
     meta_info.output_token_logprobs entries [logprob, token_id, text]; routes: the MoE shape when asked for)."""
     if not isinstance(body, dict) or "meta_info" not in body:
         raise EngineError(f"SGLang /generate answered without meta_info: {str(body)[:200]}")
@@ -112,8 +112,8 @@ def parse_generate_response(body: dict[str, Any], fallback_version: int, routes:
     logprobs = tuple(float(e[0]) if e[0] is not None else float("nan") for e in entries)
     versions = token_versions(meta, len(ids), fallback_version)
     reason = _finish_reason(meta)
-    return EngineGeneration(output_ids=tuple(ids), logprobs=logprobs, finish_reason=reason,
-                            weight_version=versions[0] if versions else _version(meta.get("weight_version"),
-                                                                                 fallback_version),
-                            token_versions=versions,
-                            routed_experts=None if routes is None else _routes(meta, len(ids), routes, reason))
+    return Generation(output_ids=tuple(ids), logprobs=logprobs, finish_reason=reason,
+                      weight_version=versions[0] if versions else _version(meta.get("weight_version"),
+                                                                           fallback_version),
+                      token_versions=versions,
+                      routed_experts=None if routes is None else _routes(meta, len(ids), routes, reason))

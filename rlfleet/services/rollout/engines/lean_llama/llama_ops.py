@@ -26,7 +26,7 @@ from torch import nn
 
 from rlfleet.cpu_kernels import fused_rms_norm as norm
 from rlfleet.cpu_kernels import onednn_linear, onednn_linear_add, onednn_usable
-from rlfleet.services.rollout.engines.fused_params import LayerParams
+from rlfleet.services.rollout.engines.lean_llama.fused_params import LayerParams
 
 LOGIT_CHUNK = 1024                                    # vocabulary rows per LM-head matmul on a CPU (see above)
 POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")     # inv_freq changes with the sequence length: no table

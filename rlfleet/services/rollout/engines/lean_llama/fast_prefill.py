@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from rlfleet.cpu_kernels import fused_rms_norm as norm
-from rlfleet.services.rollout.engines.fused_params import LayerParams
-from rlfleet.services.rollout.engines.llama_ops import Linears
+from rlfleet.services.rollout.engines.lean_llama.fused_params import LayerParams
+from rlfleet.services.rollout.engines.lean_llama.llama_ops import Linears
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""The lean Llama math's pieces (engines/llama_ops.py), by both libraries that can run its matmuls (BlasLinears:
-torch's ops, feature-major; OneDNNLinears: oneDNN, at sizes that take it): the MLP block and the LM head give the
-logits a plain row-major computation gives, checked against float64 references, and a decode step over a
-vocabulary of several LM-head chunks matches the HF forward."""
+"""The lean Llama math's pieces (engines/lean_llama/llama_ops.py), by both libraries that can run its matmuls
+(BlasLinears: torch's ops, feature-major; OneDNNLinears: oneDNN, at sizes that take it): the MLP block and the LM
+head give the logits a plain row-major computation gives, checked against float64 references, and a decode step
+over a vocabulary of several LM-head chunks matches the HF forward."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlfleet.cpu_kernels import onednn as onednn_linear
-from rlfleet.services.rollout.engines.fused_params import LayerParams
-from rlfleet.services.rollout.engines.llama_ops import LOGIT_CHUNK, BlasLinears, Linears, OneDNNLinears
+from rlfleet.services.rollout.engines.lean_llama.fused_params import LayerParams
+from rlfleet.services.rollout.engines.lean_llama.llama_ops import LOGIT_CHUNK, BlasLinears, Linears, OneDNNLinears
 
 ONEDNN = pytest.mark.skipif(not onednn_linear.usable(torch.device("cpu"), torch.float32),
                             reason="this torch build has no usable oneDNN linear")
@@ -78,7 +78,7 @@ def test_decode_over_several_lm_head_chunks_matches_the_hf_forward(onednn: bool,
     """A llama whose vocabulary spans three LM-head chunks: prefill and every decode step give the HF forward's
     last-token logits over the whole sequence. With oneDNN, 40 rows of width 160: q/k/v, gate/up, down and the LM
     head are above onednn_linear.MIN_MACS (oneDNN), the o projection below it (torch's op)."""
-    from rlfleet.services.rollout.engines.fast_decode import FastDecoder
+    from rlfleet.services.rollout.engines.lean_llama.fast_decode import FastDecoder
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=2 * LOGIT_CHUNK + 300, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -93,7 +93,8 @@ def test_decode_over_several_lm_head_chunks_matches_the_hf_forward(onednn: bool,
     with torch.inference_mode():
         dec = FastDecoder(model, onednn=onednn)
         assert isinstance(dec.ops, OneDNNLinears if onednn else BlasLinears)
-        cache, mask, logits = dec.prefill(prompts, torch.arange(rows), 8)                # [R, V]
+        prefilled = dec.prefill(prompts, torch.arange(rows), 8)                        # logits: [R, V]
+        cache, mask, logits = prefilled.cache, prefilled.mask, prefilled.logits
         seqs = [list(p) for p in prompts]
         pos = mask.sum(1)
         for _ in range(6):
@@ -104,7 +105,7 @@ def test_decode_over_several_lm_head_chunks_matches_the_hf_forward(onednn: bool,
             for seq, tok in zip(seqs, last.tolist(), strict=True):
                 seq.append(tok)
             mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
-            logits = dec.decode(cache, last, pos, mask, 8)
+            logits = dec.decode(cache, last, pos, mask, 8).logits
             pos = pos + 1
 
 

@@ -18,7 +18,7 @@ Where it is not used (torch's ops instead, the same results up to rounding): no 
 (the slim container images have none), a failed build or check (logged with the reason), a dtype other
 than float32, a head width other than 16/32/64/128, more than one torch thread (the kernel is single-threaded; the
 GEMVs split across threads), or `perf.native_attention: false`. What it changes: rounding, not math (summation
-order and a polynomial exp within ~2 ulp; `tests/unit/test_native_attention.py` checks against float64).
+order and a polynomial exp within ~2 ulp; `tests/unit/lean_llama/test_native_attention.py` checks against float64).
 """
 
 from __future__ import annotations

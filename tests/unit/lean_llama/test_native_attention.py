@@ -1,7 +1,8 @@
-"""The decode step's C attention kernel (engines/native_attention.py, decode_attention.c): values against float64
-torch at every head width, with grouped heads, masked columns, spare buffer columns and strided queries; the lean
-decode step and the engine with it give the HF forward's logits and the torch path's ids; and where it cannot be
-built (no compiler, a failing compiler) or gives wrong values, it is refused with the reason and torch's ops run."""
+"""The decode step's C attention kernel (engines/lean_llama/native_attention.py, decode_attention.c): values against
+float64 torch at every head width, with grouped heads, masked columns, spare buffer columns and strided queries; the
+lean decode step and the engine with it give the HF forward's logits and the torch path's ids; and where it cannot
+be built (no compiler, a failing compiler) or gives wrong values, it is refused with the reason and torch's ops
+run."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlfleet.protocols import SamplingParams
-from rlfleet.services.rollout.engines import native_attention
-from rlfleet.services.rollout.engines.native_attention import HEAD_DIMS, NativeAttention
+from rlfleet.services.rollout.engines.lean_llama import native_attention
+from rlfleet.services.rollout.engines.lean_llama.native_attention import HEAD_DIMS, NativeAttention
 from tests.support.engine_pairs import assert_engines_agree
 from tests.support.tiny_model import make_tiny_model
 
@@ -103,7 +104,7 @@ def test_an_unsupported_head_width_is_refused_by_the_kernel_not_read() -> None:
 def test_the_lean_decode_step_with_the_kernel_gives_the_hf_forward() -> None:
     """Grouped-query llama with 32-wide heads (6 query heads on 2 key/value heads): prefill and each decode step
     through the kernel give the HF forward's last-token logits over the whole sequence."""
-    from rlfleet.services.rollout.engines.fast_decode import FastDecoder
+    from rlfleet.services.rollout.engines.lean_llama.fast_decode import FastDecoder
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
@@ -113,7 +114,8 @@ def test_the_lean_decode_step_with_the_kernel_gives_the_hf_forward() -> None:
     with torch.inference_mode():
         dec = FastDecoder(model)
         assert dec.native is not None
-        cache, mask, logits = dec.prefill(prompts, torch.arange(len(prompts)), 4)
+        prefilled = dec.prefill(prompts, torch.arange(len(prompts)), 4)
+        cache, mask, logits = prefilled.cache, prefilled.mask, prefilled.logits
         seqs = [list(p) for p in prompts]
         pos = mask.sum(1)
         for _ in range(9):                                        # past the 4 spare columns: re-buffered twice
@@ -124,7 +126,7 @@ def test_the_lean_decode_step_with_the_kernel_gives_the_hf_forward() -> None:
             for seq, tok in zip(seqs, last.tolist(), strict=True):
                 seq.append(tok)
             mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
-            logits = dec.decode(cache, last, pos, mask, 4)
+            logits = dec.decode(cache, last, pos, mask, 4).logits
             pos = pos + 1
 
 
@@ -132,6 +134,7 @@ def test_the_lean_decode_step_with_the_kernel_gives_the_hf_forward() -> None:
 def test_the_engine_with_the_kernel_gives_the_torch_paths_ids_and_logprobs(tmp_path: Path) -> None:
     """The addition example's model shape (128 wide, 4 heads of 32): greedy and seeded sampled generations of
     staggered lengths (rows finish and leave mid-batch) match the engine with torch's attention."""
+    from rlfleet.services.rollout.engines.lean_llama import FastDecoder
     from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 
     model_dir = make_tiny_model(tmp_path, seed=3, hidden=128, layers=2)
@@ -139,8 +142,8 @@ def test_the_engine_with_the_kernel_gives_the_torch_paths_ids_and_logprobs(tmp_p
     native, plain = (TorchEngine(model_dir, max_batch_size=4, eos_token_ids=(), native_attention=on)
                      for on in (True, False))
     try:
-        assert native._fast is not None and native._fast.native is not None
-        assert plain._fast is not None and plain._fast.native is None
+        assert isinstance(native._decoder, FastDecoder) and native._decoder.native is not None
+        assert isinstance(plain._decoder, FastDecoder) and plain._decoder.native is None
         assert_engines_agree(native, plain, prompts, (SamplingParams(temperature=0, max_new_tokens=7),
                                                       SamplingParams(temperature=1.0, max_new_tokens=7, seed=5)),
                              lambda sampling, i: dataclasses.replace(sampling, max_new_tokens=4 + i))

@@ -36,10 +36,11 @@ from transformers.cache_utils import DynamicCache
 
 from rlfleet.cpu_kernels import fused_rms_norm as norm
 from rlfleet.services.rollout.engines import kv_cache
-from rlfleet.services.rollout.engines.fast_prefill import pack, prefill_layer
-from rlfleet.services.rollout.engines.fused_params import LayerParams, fuse_layers, shared_parameters
-from rlfleet.services.rollout.engines.llama_ops import Linears, Rotary, pick_linears
-from rlfleet.services.rollout.engines.native_attention import NativeAttention, load_for
+from rlfleet.services.rollout.engines.decoder import Decoded, Prefilled
+from rlfleet.services.rollout.engines.lean_llama.fast_prefill import pack, prefill_layer
+from rlfleet.services.rollout.engines.lean_llama.fused_params import LayerParams, fuse_layers, shared_parameters
+from rlfleet.services.rollout.engines.lean_llama.llama_ops import Linears, Rotary, pick_linears
+from rlfleet.services.rollout.engines.lean_llama.native_attention import NativeAttention, load_for
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 SLACK = 64                     # most spare cache columns allocated per re-buffering
@@ -114,7 +115,8 @@ def _within(view: torch.Tensor, flat: torch.Tensor) -> bool:
 
 
 class FastDecoder:
-    """decode(cache, last [B], pos [B], mask [B, L+1]) -> logits [B, V], with the cache extended by one column.
+    """The lean Decoder (engines/decoder.py): decode(cache, last [B], pos [B], mask [B, L+1]) -> Decoded with logits
+    [B, V], the cache extended by one column in place; prefill and select as the Decoder contract says.
 
     Construction fuses the model's q/k/v and gate/up weights in place (fused_params.py); the model keeps working
     through its own modules, on the same memory. `slack`: the most spare cache columns a re-buffering allocates
@@ -186,14 +188,13 @@ class FastDecoder:
         return held is not None and keys.data_ptr() == held[0].data_ptr() and keys.stride() == held[0].stride() \
             and values.data_ptr() == held[1].data_ptr()
 
-    def prefill(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, room: int = SLACK
-                ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    def prefill(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, room: int = SLACK) -> Prefilled:
         """Prefill U distinct prompts for N requests (rows [N]: the prompt of each) with fast_prefill's packed step.
 
-        Returns (cache whose layers are views of this decoder's slack buffers [N, Hkv, P + room, Dh], mask [N, P],
-        logits [N, V] of each prompt's last token)."""
+        Returns the cache, whose layers are views of this decoder's slack buffers [N, Hkv, P + room, Dh] (room at
+        most SLACK and `slack`), the mask [N, P] and the logits [N, V] of each prompt's last token."""
         weight = self.inner.embed_tokens.weight
-        room = min(room, self.slack)
+        room = min(room, SLACK, self.slack)
         packed = pack(prompts, weight.dtype, weight.device)
         n, width = rows.shape[0], packed.mask.shape[1]
         x = self.inner.embed_tokens(packed.ids)                                         # [T, D]
@@ -208,10 +209,14 @@ class FastDecoder:
             cl.keys, cl.values = kb[:, :, :width], vb[:, :, :width]
             self._buffers[i] = (kb, vb)
         x = norm(x.index_select(0, packed.last), self.inner.norm.weight, self.inner.norm.variance_epsilon)  # [U, D]
-        return cache, packed.mask[rows], self.ops.lm_head(x, self.model.lm_head)[rows]             # logits: [N, V]
+        return Prefilled(cache=cache, mask=packed.mask[rows],
+                         logits=self.ops.lm_head(x, self.model.lm_head)[rows])                       # logits: [N, V]
 
     def decode(self, cache: DynamicCache, last: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-               room: int = SLACK) -> torch.Tensor:
+               room: int = SLACK) -> Decoded:
+        """One step for B rows; the cache's layers gain a column in place (in buffers with up to min(room, SLACK)
+        spare columns)."""
+        room = min(room, SLACK)
         x = self.inner.embed_tokens(last)                                                # [B, D]
         cos, sin = self.rotary(pos)                                                      # [B, H+Hkv, Dh]
         attn_mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
@@ -224,7 +229,7 @@ class FastDecoder:
                             self.eps, self.ops, attention)
             cl.keys, cl.values = kb[:, :, :length + 1], vb[:, :, :length + 1]
         x = norm(x, self.inner.norm.weight, self.inner.norm.variance_epsilon)
-        return self.ops.lm_head(x, self.model.lm_head)                                    # [B, V]
+        return Decoded(cache=cache, logits=self.ops.lm_head(x, self.model.lm_head))        # logits: [B, V]
 
     def select(self, cache: DynamicCache, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """kv_cache.select (keep `rows` [R], drop columns that became all padding; returns the mask [R, L']), each
