@@ -37,7 +37,18 @@ from transformers.cache_utils import DynamicCache
 from rlfleet.cpu_kernels import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.services.rollout.engines import kv_cache
-from rlfleet.services.rollout.engines.base import EngineError, EngineGeneration, EngineStats, check_request
+from rlfleet.services.rollout.engines.base import (
+    Abortable,
+    EngineError,
+    EngineGeneration,
+    EngineStats,
+    HoldsAdmission,
+    Pausable,
+    Retractable,
+    Streaming,
+    TensorThread,
+    check_request,
+)
 from rlfleet.services.rollout.engines.fast_decode import SLACK, FastDecoder, supports
 from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
 from rlfleet.services.rollout.engines.sampling import RowSampling, choose_tokens
@@ -77,7 +88,7 @@ def _eos_ids(model: torch.nn.Module) -> frozenset[int]:
     return frozenset(ids)
 
 
-class TorchEngine:
+class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, HoldsAdmission):
     name = "torch"
 
     def __init__(self, model_path: str | Path, max_batch_size: int = 64, device: str = "cpu",
