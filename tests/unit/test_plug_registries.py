@@ -1,5 +1,5 @@
-"""Every weight transport and trainer backend a config can name is found through its registry, and the two sides
-of a transport (the trainer's publisher, a replica's receivers) build theirs from that one table."""
+"""Every weight transport, trainer backend and buffer store a config can name is found through its registry, and the
+two sides of a transport (the trainer's publisher, a replica's receivers) build theirs from that one table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import pytest
 import torch
 from pydantic import BaseModel
 
-from rlfleet.config import Config, TrainerConfig, WeightSyncConfig, parse_config
+from rlfleet.config import BufferConfig, Config, TrainerConfig, WeightSyncConfig, parse_config
+from rlfleet.services.buffer.stores.embedded import EmbeddedStore
+from rlfleet.services.buffer.stores.factory import open_store
+from rlfleet.services.buffer.stores.registry import STORES, store_kind
 from rlfleet.services.rollout.weight_updates import TransportReceivers
 from rlfleet.services.trainer.backends import BACKENDS, backend_spec
 from rlfleet.services.trainer.publisher import WeightPublisher
@@ -66,3 +69,13 @@ def test_the_publisher_and_the_replica_take_their_halves_from_the_registry(tmp_p
     with pytest.raises(ValueError, match="needs a replica-side receiver"):
         receivers("nixl")
     receivers.close()
+
+
+def test_every_configurable_buffer_store_is_registered_and_opened_through_it(tmp_path: Path) -> None:
+    assert _literal(BufferConfig, "store") == set(STORES) == {"embedded", "redis"}
+    assert all(s.name == name and s.description for name, s in STORES.items())
+    with pytest.raises(ValueError, match="unknown buffer.store 'floppy'"):
+        store_kind("floppy")
+    store = open_store(_config(tmp_path))                                         # buffer.store: embedded
+    assert isinstance(store, EmbeddedStore)
+    store.close()
