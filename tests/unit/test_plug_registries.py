@@ -3,6 +3,7 @@ two sides of a transport (the trainer's publisher, a replica's receivers) build 
 
 from __future__ import annotations
 
+import logging
 import typing
 from pathlib import Path
 
@@ -14,12 +15,15 @@ from rlfleet.config import BufferConfig, Config, TrainerConfig, WeightSyncConfig
 from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from rlfleet.services.buffer.stores.factory import open_store
 from rlfleet.services.buffer.stores.registry import STORES, store_kind
+from rlfleet.services.rollout.server import transport_receivers
 from rlfleet.services.rollout.weight_updates import TransportReceivers
 from rlfleet.services.trainer.backends import BACKENDS, backend_spec
-from rlfleet.services.trainer.publisher import WeightPublisher
+from rlfleet.services.trainer.publisher import WeightPublisher, resolve_transport
 from rlfleet.services.weight_sync.transports import bucketed
+from rlfleet.services.weight_sync.transports.auto import candidates_here
 from rlfleet.services.weight_sync.transports.disk_delta.receiver import DeltaReceiver
 from rlfleet.services.weight_sync.transports.disk_delta.sender import DeltaSender
+from rlfleet.services.weight_sync.transports.nixl.agent import available
 from rlfleet.services.weight_sync.transports.registry import TRANSPORTS, transport
 
 
@@ -79,3 +83,30 @@ def test_every_configurable_buffer_store_is_registered_and_opened_through_it(tmp
     store = open_store(_config(tmp_path))                                         # buffer.store: embedded
     assert isinstance(store, EmbeddedStore)
     store.close()
+
+
+def test_auto_weighs_what_each_transport_declares(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    declared = {name: t.auto for name, t in TRANSPORTS.items() if t.auto is not None}
+    assert list(declared) == ["broadcast", "disk_delta", "nixl"]                     # the order auto probes them in
+    assert {n: (a.fixed_seconds, a.bytes_fraction) for n, a in declared.items()} == {
+        "broadcast": (0.05, 1.0), "disk_delta": (0.2, 0.15), "nixl": (0.25, 1.0)}
+    assert [name for name, t in TRANSPORTS.items() if t.always_received] == ["bucketed"]
+    candidates = candidates_here()
+    assert list(candidates.here) + list(candidates.missing) == list(declared)
+    assert ("nixl" in candidates.missing) == (available() is not None)
+
+    cfg = _config(tmp_path).model_copy(update={"weight_sync": WeightSyncConfig(transport="auto")})
+    with caplog.at_level(logging.INFO, logger="rlfleet.services.trainer.publisher"):
+        assert resolve_transport(cfg, 1 << 20) in candidates.here
+    assert "transport auto chose" in caplog.text
+    assert ("transport auto: nixl is not a candidate" in caplog.text) == ("nixl" in candidates.missing)
+
+    class Holder:
+        weight_version = 0
+
+        def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+            return [("w", torch.zeros(2))]
+
+    receivers = transport_receivers(cfg, Holder(), "r0", None)  # type: ignore[arg-type]  # no control plane
+    assert set(receivers.receivers) == {"disk_delta", "bucketed"}        # broadcast and nixl need the control plane
+    receivers.close()
