@@ -7,6 +7,7 @@ import os
 
 from rlfleet.config import ConfigError, SecurityConfig
 from rlfleet.security.identity import Credential, IdentityError, identity_name, load_identity
+from rlfleet.security.modes import security_mode
 
 log = logging.getLogger("rlfleet.security")
 
@@ -27,18 +28,19 @@ def read_token(token_file: str | None) -> str | None:
 def load_credential(security: SecurityConfig, service: str, name: str | None = None) -> Credential:
     """mtls: the Identity of `name` (default: RLFLEET_IDENTITY, trainer-<RANK> or the service name); token: the run
     token; none: None, with a warning. ConfigError when the mode's material is missing."""
-    if security.mode == "none":
+    mode = security_mode(security.mode)
+    if not mode.authenticates:
         log.warning("%s: %s", service, NO_AUTH_WARNING)
         return None
-    if security.mode == "token":
+    if mode.uses_token:
         token = read_token(security.token_file)
         if not token:
-            raise ConfigError(f"{service}: security.mode is 'token' but no token (security.token_file or "
+            raise ConfigError(f"{service}: security.mode is '{mode.name}' but no token (security.token_file or "
                               "RLFLEET_TOKEN)")
         return token
-    if not security.pki_dir:
-        raise ConfigError(f"{service}: security.mode is 'mtls' but security.pki_dir is not set (rlfleet run makes "
-                          "one in the run folder; set security.mode: none explicitly to run without)")
+    if not security.pki_dir:                                # mode.uses_pki
+        raise ConfigError(f"{service}: security.mode is '{mode.name}' but security.pki_dir is not set (rlfleet run "
+                          "makes one in the run folder; set security.mode: none explicitly to run without)")
     try:
         return load_identity(security.pki_dir, name or identity_name(service))
     except IdentityError as exc:

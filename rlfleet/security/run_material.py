@@ -10,6 +10,7 @@ from typing import Any
 from rlfleet.config import Config
 from rlfleet.security.credentials import NO_AUTH_WARNING
 from rlfleet.security.identity import IDENTITY_ENV
+from rlfleet.security.modes import security_mode
 from rlfleet.security.pki import cert_paths, create_run_pki, issue_into
 from rlfleet.security.secret_files import write_secret
 from rlfleet.security.signing import generate_signing_key
@@ -38,19 +39,20 @@ def prepare_security(cfg: Config, run_dir: Path) -> dict[str, Any]:
     weight-signing key pair (private key 0600, for the trainer); token: RUN/run.token (0600).
     """
     sec = cfg.security.model_dump()
-    if cfg.security.mode == "none":
+    mode = security_mode(cfg.security.mode)
+    if not mode.authenticates:
         log.warning("rlfleet run: %s", NO_AUTH_WARNING)
         print(f"rlfleet: WARNING: {NO_AUTH_WARNING}")
         return sec
     pki = run_dir / PKI_DIR
-    if cfg.security.mode == "mtls" and not cfg.security.pki_dir:
+    if mode.uses_pki and not cfg.security.pki_dir:
         create_run_pki(pki, components(cfg))
         sec["pki_dir"] = str(pki.resolve())
-    if cfg.security.mode == "token" and not cfg.security.token_file:
+    if mode.uses_token and not cfg.security.token_file:
         token_file = run_dir / "run.token"
         write_secret(token_file, secrets.token_urlsafe(32).encode())
         sec["token_file"] = str(token_file.resolve())
-    if cfg.security.mode == "mtls" and cfg.rollout.openai.enabled and not cfg.rollout.openai.api_key_file:
+    if mode.uses_pki and cfg.rollout.openai.enabled and not cfg.rollout.openai.api_key_file:
         # a fresh key at every launch, as the run CA: a key of an earlier launch stops being accepted
         write_secret(Path(sec["pki_dir"]) / OPENAI_API_KEY, secrets.token_urlsafe(32).encode())
     if not cfg.security.signing_key and not cfg.security.signing_public_key:
@@ -67,7 +69,7 @@ def prepare_security(cfg: Config, run_dir: Path) -> dict[str, Any]:
 def child_identity_env(cfg: Config, name: str) -> dict[str, str]:
     """The environment naming which certificate a child process presents (mtls mode); a rollout replica added
     after start-up (`rlfleet scale`) gets its certificate issued here."""
-    if cfg.security.mode != "mtls":
+    if not security_mode(cfg.security.mode).uses_pki:
         return {}
     pki = Path(cfg.security.pki_dir) if cfg.security.pki_dir else None
     if pki is not None and name.startswith("rollout-") and not cert_paths(pki, name)[0].exists():

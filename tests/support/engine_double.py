@@ -1,8 +1,9 @@
 """A base for fake engines: every method of the Engine Protocol, each raising until a test's fake overrides it, so
 the fake types as an Engine and a call the test did not expect fails loudly.
 
-Not for a fake handed to WeightUpdater that must *lack* pause(): WeightUpdater looks the method up
-(getattr(engine, "pause", None)) and loads without pausing when there is none; such a fake is cast to Engine.
+It declares Pausable (every Engine has pause/resume): not for a fake handed to WeightUpdater that must *lack* pause()
+(WeightUpdater loads a target that is not Pausable without pausing); such a fake is cast to Engine. A fake with an
+optional capability (Abortable, Streaming, Retractable in engines/base.py) subclasses that Protocol too.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from concurrent.futures import Future
 import torch
 
 from rlfleet.protocols import Generation, SamplingParams
-from rlfleet.services.rollout.engines.base import EngineStats
+from rlfleet.services.rollout.engines.base import EngineStats, Pausable
 
 
-class EngineDouble:
+class EngineDouble(Pausable):
     name = "double"
     weight_version = 0
     paused = False

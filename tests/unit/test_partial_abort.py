@@ -4,7 +4,7 @@ the buffer says the run is finished (over-sampled work no longer needed) — eng
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import cast
 
@@ -13,13 +13,14 @@ import grpc
 from rlfleet.protocols import Generation, GroupTicket, Prompt, RolloutContext, SamplingParams
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.context import GroupAborted, GroupContext
+from rlfleet.services.rollout.engines.base import Abortable
 from rlfleet.services.rollout.messages import status_of
 from rlfleet.services.rollout.work_loop import WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
 from tests.support.engine_double import EngineDouble
 
 
-class FakeEngine(EngineDouble):
+class FakeEngine(EngineDouble, Abortable):
     """Requests stay pending until aborted (resolved with finish_reason 'abort')."""
 
     weight_version = 2
@@ -33,7 +34,8 @@ class FakeEngine(EngineDouble):
         self.pending.append(f)
         return f
 
-    def abort(self, futures: list[Future[Generation]]) -> int:
+    def abort(self, requests: Iterable[Future[Generation]]) -> int:
+        futures = list(requests)
         for f in futures:
             self.pending.remove(f)
             self.aborted.append(f)

@@ -20,8 +20,9 @@ from rlfleet.rewards.scorer import Scorer
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.context import ServiceContext
 from rlfleet.services.rollout.engines.torch_engine import TorchEngine
+from rlfleet.services.rollout.group_collector import StartedGroup
 from rlfleet.services.rollout.rollout_fns import single_turn
-from rlfleet.services.rollout.single_turn_groups import StartedGroup
+from rlfleet.services.rollout.single_turn_groups import SingleTurnGroups
 from rlfleet.services.rollout.work_loop import SamplePutter, WorkLoop, WorkSettings
 from rlfleet.v1 import buffer_pb2
 from tests.support.engine_context import EngineContext
@@ -148,6 +149,7 @@ def test_a_finished_group_is_freed_by_reference_counting(tiny_engine: TorchEngin
     stub, seen = RecordingStub(), list[Sample]()
     loop, _ = collector_loop(tiny_engine, tiny_model_dir, PROMPTS, seen, stub)
     assert loop._collector is not None
+    assert isinstance(loop._collector, SingleTurnGroups)             # single_turn's declared collector
     finish = loop._collector._finish
     freed: list[weakref.ref[object]] = []
 

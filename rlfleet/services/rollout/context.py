@@ -11,24 +11,30 @@ from typing import Any
 from rlfleet.protocols import Generation, Prompt, SamplingParams
 from rlfleet.rewards.scorer import RewardFailure, Scorer
 from rlfleet.sample import Sample, Status
-from rlfleet.services.rollout.engines.base import Engine
+from rlfleet.services.rollout.engines.base import Abortable, Engine
+from rlfleet.services.rollout.openai_api.endpoint import OpenAIEndpoint, ServesOpenAI
 
 log = logging.getLogger(__name__)
 
 
-class ServiceContext:
+class ServiceContext(ServesOpenAI):
     """Implements rlfleet.protocols.RolloutContext for one replica. run_seed makes per-sample seeds reproducible."""
 
     def __init__(self, replica_id: str, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                 scorer: Scorer, run_seed: int = 0, openai: Any | None = None) -> None:
+                 scorer: Scorer, run_seed: int = 0, openai: OpenAIEndpoint | None = None) -> None:
         self.run_seed = run_seed
-        self.openai = openai          # OpenAIEndpoint when rollout.openai.enabled (rlfleet/services/rollout/openai_api)
+        self._openai = openai
         self.replica_id = replica_id
         self.engine = engine
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.scorer = scorer
         self.batched_reward = scorer.batched       # rollout functions score whole groups with score_group
+
+    @property
+    def openai(self) -> OpenAIEndpoint | None:
+        """The replica's OpenAI endpoint when rollout.openai.enabled (rollout/openai_api), else None."""
+        return self._openai
 
     def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
         return self.engine.submit(input_ids, sampling or self.sampling)
@@ -81,7 +87,7 @@ class GroupAborted(RuntimeError):
     """The work loop aborted this group (no longer wanted): its rollout function should stop."""
 
 
-class GroupContext:
+class GroupContext(ServesOpenAI):
     """The context one group's rollout function gets: the replica's context, recording the group's engine requests
     so the work loop can abort them (an over-sampled group no longer wanted, or the run finished) and free their
     engine slots and KV memory at once. Everything else passes through to the replica's context."""
@@ -94,6 +100,11 @@ class GroupContext:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
+
+    @property
+    def openai(self) -> OpenAIEndpoint | None:
+        """The replica's OpenAI endpoint (its context's), None where it serves none."""
+        return self._ctx.openai if isinstance(self._ctx, ServesOpenAI) else None
 
     def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
         if self.aborted:
@@ -109,9 +120,8 @@ class GroupContext:
         with self._lock:
             self.aborted = True
             pending = [f for f in self._futures if not f.done()]
-        abort = getattr(self._engine, "abort", None)
-        aborted = int(abort(pending)) if pending and abort is not None else 0
-        endpoint = getattr(self._ctx, "openai", None)
+        aborted = int(self._engine.abort(pending)) if pending and isinstance(self._engine, Abortable) else 0
+        endpoint = self.openai
         if self.group_id and endpoint is not None:
             aborted += int(endpoint.abort_group(self.group_id))
         return aborted

@@ -12,35 +12,55 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import TypeVar
 
 import torch
 
-from rlfleet.services.rollout.engines.base import Engine, EngineError
+from rlfleet.protocols import Generation, SamplingParams
+from rlfleet.services.rollout.engines.base import (
+    Abortable,
+    Engine,
+    EngineError,
+    EngineStats,
+    HoldsAdmission,
+    Pausable,
+    Retractable,
+    TensorThread,
+    admission_held,
+    on_engine_thread,
+)
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class RetractingEngine:
-    """An Engine proxy whose weight updates retract in-flight generations first. Everything else passes through."""
+
+class RetractingEngine(Pausable, Abortable, TensorThread, HoldsAdmission):
+    """An Engine proxy whose weight updates retract in-flight generations first. Everything else is delegated to the
+    engine it wraps: the Engine methods, and abort / call / admission_held where the engine has them (where it has
+    not, what a caller does without them: abort nothing, run here, hold nothing).
+
+    Not Streaming: a retraction drops tokens already chosen, so they cannot have been streamed to anyone (callers such
+    as the OpenAI endpoint fall back to sending a completion once it is finished)."""
 
     def __init__(self, engine: Engine) -> None:
-        if not hasattr(engine, "retract_in_flight"):
+        if not isinstance(engine, Retractable):
             raise EngineError(f"engine {engine.name!r} cannot retract in-flight generations "
                               "(rollout.partial_rollouts: retract); use 'continue'")
-        self._engine = engine
+        self._engine: Engine = engine
+        self._retractable: Retractable = engine
+        self.name = engine.name
         self.retracted = 0                   # generations retracted since start
-
-    # A retraction drops tokens already chosen, so they cannot have been streamed to anyone: no streaming submit
-    # (callers such as the OpenAI endpoint fall back to sending a completion once it is finished).
-    submit_streaming = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
 
     @property
     def weight_version(self) -> int:
         return self._engine.weight_version
+
+    def submit(self, input_ids: Sequence[int], sampling: SamplingParams) -> Future[Generation]:
+        return self._engine.submit(input_ids, sampling)
 
     def update_weights_from_tensor(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         self._retract_then(lambda: self._engine.update_weights_from_tensor(named_tensors, version), version)
@@ -48,11 +68,48 @@ class RetractingEngine:
     def update_weights_from_disk(self, path: str, version: int) -> None:
         self._retract_then(lambda: self._engine.update_weights_from_disk(path, version), version)
 
-    def _retract_then(self, update: Any, version: int) -> None:
-        was_paused = bool(getattr(self._engine, "paused", False))
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return self._engine.named_weights()
+
+    def tied_aliases(self) -> dict[str, str] | None:
+        return self._engine.tied_aliases()
+
+    def pause(self) -> int:
+        return self._engine.pause()
+
+    @property
+    def paused(self) -> bool:
+        return self._engine.paused
+
+    def resume(self) -> None:
+        self._engine.resume()
+
+    def abort_in_flight(self) -> int:
+        return self._engine.abort_in_flight()
+
+    def abort(self, futures: Iterable[Future[Generation]]) -> int:
+        return self._engine.abort(futures) if isinstance(self._engine, Abortable) else 0
+
+    def call(self, fn: Callable[[], T]) -> T:
+        return on_engine_thread(self._engine, fn)
+
+    def admission_held(self) -> AbstractContextManager[None]:
+        return admission_held(self._engine)
+
+    def stats(self) -> EngineStats:
+        return self._engine.stats()
+
+    def healthy(self) -> bool:
+        return self._engine.healthy()
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+    def _retract_then(self, update: Callable[[], None], version: int) -> None:
+        was_paused = self._engine.paused
         self._engine.pause()
         try:
-            n = self._engine.retract_in_flight()
+            n = self._retractable.retract_in_flight()
             self.retracted += n
             update()
             if n:

@@ -7,7 +7,6 @@ rlfleet.runtime.service_skeleton.run_service).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import signal
 import threading
@@ -49,6 +48,8 @@ from rlfleet.services.rollout.weight_updates import (
     subscribe_loop,
 )
 from rlfleet.services.rollout.work_loop import WorkLoop, WorkSettings
+from rlfleet.services.weight_sync.transports.auto import AUTO, candidates_here
+from rlfleet.services.weight_sync.transports.registry import TRANSPORTS, transport
 from rlfleet.v1 import rollout_pb2_grpc, weight_sync_pb2_grpc
 
 log = logging.getLogger("rlfleet.services.rollout")
@@ -240,12 +241,10 @@ def _grpc_endpoint(cfg: Config, index: int, listen: str | None) -> str:
 
 def transport_receivers(cfg: Config, engine: Engine, replica_id: str, ws_channel: grpc.Channel) -> TransportReceivers:
     """The data planes this replica may be sent weights by (all available ones when the trainer chooses: auto)."""
-    transport = cfg.weight_sync.transport
-    wanted: tuple[str, ...] = (transport,)
-    if transport == "auto":
-        wanted = ("broadcast", "disk_delta") + (("nixl",) if importlib.util.find_spec("nixl") else ())
-    if "bucketed" not in wanted:                # the broadcast transport's gRPC fallback arrives as bucketed
-        wanted += ("bucketed",)
-    capacity = staging_capacity(engine, int(cfg.weight_sync.bucket_mb * 2**20)) if "nixl" in wanted else 0
+    configured = cfg.weight_sync.transport
+    wanted = tuple(candidates_here().here) if configured == AUTO else (configured,)
+    wanted += tuple(t.name for t in TRANSPORTS.values() if t.always_received and t.name not in wanted)
+    capacity = staging_capacity(engine, int(cfg.weight_sync.bucket_mb * 2**20)) \
+        if any(transport(name).needs_capacity for name in wanted) else 0
     return TransportReceivers(engine, replica_id, ws_channel, wanted, capacity_bytes=capacity,
                               device=cfg.rollout.device, join_seconds=cfg.weight_sync.join_seconds)

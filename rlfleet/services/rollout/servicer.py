@@ -73,6 +73,6 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             digest = self._initial_digest
         return rollout_pb2.RolloutStatus(
             replica_id=self._replica_id, weight_version=self._engine.weight_version,
-            paused=bool(getattr(self._engine, "paused", False)), generated_tokens=stats.generated_tokens,
+            paused=self._engine.paused, generated_tokens=stats.generated_tokens,
             finished_samples=self._counters.finished_samples, in_flight_groups=self._in_flight_groups(),
             engine=self._engine.name, weights_digest=digest)

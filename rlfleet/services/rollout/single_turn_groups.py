@@ -7,10 +7,10 @@ one process with the engine): ~120 ms of CPU a round with a thread per group, ~1
 the engine alone.
 
 Here a group starts on the caller's thread (the work loop's claim thread): its prompt is read and encoded and its
-group_size engine requests are submitted exactly as `single_turn` submits them (`rollout_fns.submit_group`: the same
+group_size engine requests are submitted exactly as `single_turn` submits them (`group_samples.submit_group`: the same
 per-sample seeds, so the same samples). Each request's done-callback (run on the engine's thread) counts its group
 down, and the last one queues the group, whole. The collector takes every group queued by then, builds their samples
-(`rollout_fns.sample_of`), scores them (`ServiceContext.score_groups`: one reward job per group, all started before
+(`group_samples.sample_of`), scores them (`ServiceContext.score_groups`: one reward job per group, all started before
 any is waited for, so a slow or remote reward still overlaps across groups) and hands them to `finish` together (the
 work loop puts them in one shared Put). A group that cannot start (its prompt or encoding raised, or the engine
 refused a request) is handed to `finish` with the reason and no samples.
@@ -21,32 +21,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
-from rlfleet.protocols import DataSource, Generation, GroupTicket, Prompt
-from rlfleet.sample import Sample
+from rlfleet.protocols import DataSource, Generation, GroupTicket
 from rlfleet.services.rollout.context import GroupAborted, GroupContext
-from rlfleet.services.rollout.rollout_fns import sample_of, submit_group
+from rlfleet.services.rollout.group_collector import FinishGroups, GroupCollector, StartedGroup
+from rlfleet.services.rollout.group_samples import sample_of, submit_group
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StartedGroup:
-    """One group through the collector. done resolves once the work loop has put the group (its claim slot frees)."""
-
-    ticket: GroupTicket
-    gctx: GroupContext
-    done: Future[None]
-    prompt: Prompt | None = None
-    prompt_ids: list[int] = field(default_factory=list)
-    requests: list[Future[Generation]] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)          # built and scored by the collector
-    error: str | None = None          # why the group could not start (then it has no samples) ...
-    aborted: bool = False             # ... because the work loop had aborted it already
 
 
 class _Countdown:
@@ -72,11 +56,11 @@ class _Countdown:
             self._ready.put(group)
 
 
-class SingleTurnGroups:
+class SingleTurnGroups(GroupCollector):
     """start(ticket, gctx, done) on any thread; finish(groups) is called on the collector thread with each batch of
     groups that completed by the time it woke, samples scored; close() ends the collector after what is queued."""
 
-    def __init__(self, ctx: Any, data: DataSource, finish: Callable[[Sequence[StartedGroup]], None]) -> None:
+    def __init__(self, ctx: Any, data: DataSource, finish: FinishGroups) -> None:
         self._ctx, self._data, self._finish = ctx, data, finish
         self._queue: queue.SimpleQueue[StartedGroup | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._collect, name="collector", daemon=True)

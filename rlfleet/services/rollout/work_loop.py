@@ -1,8 +1,9 @@
 """The replica's work loop: Claim groups from the buffer, run the rollout function per group in a worker thread,
 Put each group's samples together once the rollout function has yielded them all (a group is trainable only whole;
 one Put is one durable commit) or every PUT_BATCH_BYTES, retrying until the buffer has them, stop when the run is
-finished. The built-in `single_turn` runs on one collector thread instead (`single_turn_groups.py`; on unless
-`perf.single_turn_collector` is off): same samples, no thread per group.
+finished. A rollout function that declares a group collector (`group_collector.py`: the built-in `single_turn`, whose
+collector is `single_turn_groups.py`) runs on that one thread instead, unless `perf.single_turn_collector` is off:
+same samples, no thread per group.
 
 Every Claim reply lists the replica's groups the buffer cancelled (over-sampled work no step can use): their engine
 requests are aborted at once, freeing batch slots and KV memory. With every slot busy the loop still long-polls Claim
@@ -24,8 +25,7 @@ from rlfleet.sample import Sample, Status
 from rlfleet.sample.put_wire import RawPut, encode_put_request, raw_put
 from rlfleet.services.rollout.context import GroupContext
 from rlfleet.services.rollout.engines.base import Engine, admission_held
-from rlfleet.services.rollout.rollout_fns import single_turn
-from rlfleet.services.rollout.single_turn_groups import SingleTurnGroups, StartedGroup
+from rlfleet.services.rollout.group_collector import CollectedRolloutFn, GroupCollector, StartedGroup
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -208,8 +208,9 @@ class WorkLoop:
                  rollout_fn: RolloutFn, settings: WorkSettings, stop: threading.Event,
                  on_sample: Callable[[Sample], None] = lambda s: None,
                  epoch_of: Callable[[int], int] = lambda version: 0, collector: bool = True) -> None:
-        """collector: run the built-in single_turn on one collector thread (SingleTurnGroups) rather than a thread
-        per group; other rollout functions always get a thread per group."""
+        """collector: run a rollout function that declares a group collector (CollectedRolloutFn: the built-in
+        single_turn, whose collector is SingleTurnGroups) on that collector rather than a thread per group; other
+        rollout functions always get a thread per group."""
         self._stub = buffer_pb2_grpc.BufferStub(channel)
         self._epoch_of = epoch_of          # trainer epoch of an applied version (WeightUpdater.epoch_of)
         self._engine, self._ctx, self._data, self._fn = engine, ctx, data, rollout_fn
@@ -225,8 +226,8 @@ class WorkLoop:
         self._restarted = True          # the first Claim re-queues what an earlier process of this replica held
         self._draining = threading.Event()
         self._new_weights = threading.Event()   # set when the engine loads a version (a staleness gate may open)
-        self._collector = SingleTurnGroups(ctx, data, self._finish_groups) \
-            if collector and rollout_fn is single_turn else None
+        self._collector: GroupCollector | None = rollout_fn.collector(ctx, data, self._finish_groups) \
+            if collector and isinstance(rollout_fn, CollectedRolloutFn) else None
 
     @property
     def in_flight_groups(self) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,9 +19,11 @@ import torch
 from rlfleet.config import Config, ConfigError
 from rlfleet.runtime.rpc import channel
 from rlfleet.security.identity import Credential
+from rlfleet.security.modes import security_mode
 from rlfleet.security.signing import HashingTee, Signer, sign_manifest
 from rlfleet.services.trainer.clients import WeightSyncClient
 from rlfleet.services.trainer.collectives import all_reduce_max
+from rlfleet.services.weight_sync.transports.auto import AUTO, candidates_here, choose
 from rlfleet.services.weight_sync.transports.contract import Sender, SenderSetup
 from rlfleet.services.weight_sync.transports.errors import GroupLost
 from rlfleet.services.weight_sync.transports.registry import transport
@@ -43,18 +44,12 @@ def _delta_root(cfg: Config) -> Path:
 def resolve_transport(cfg: Config, model_bytes: int) -> str:
     """cfg.weight_sync.transport, or for `auto` the one the start-up probes pick (logged with the reason)."""
     name = cfg.weight_sync.transport
-    if name != "auto":
+    if name != AUTO:
         return name
-    from rlfleet.services.weight_sync.transports.auto import choose, probe_delta, probe_memcpy, probe_nixl
-    from rlfleet.services.weight_sync.transports.nixl.agent import available
-
-    probes: dict[str, Callable[[], float]] = {"broadcast": probe_memcpy, "disk_delta": probe_delta}
-    missing = available()
-    if missing is None:
-        probes["nixl"] = probe_nixl
-    else:
-        log.info("transport auto: nixl is not a candidate (%s)", missing)
-    choice = choose(model_bytes, probes)
+    candidates = candidates_here()
+    for missing, why in candidates.missing.items():
+        log.info("transport auto: %s is not a candidate (%s)", missing, why)
+    choice = choose(model_bytes, candidates.probes())
     log.info("transport auto chose %s: %s", choice.transport, choice.reason)
     return choice.transport
 
@@ -63,7 +58,7 @@ def plaintext_data_token(cfg: Config) -> str:
     """weight_sync.data_plane_tls false under mtls: the random token the plaintext data plane asks every Fetch for
     ("" when the data plane is mTLS). Only with signed weights: the signature and BLAKE3 digests are then what keep
     the bytes honest."""
-    if cfg.weight_sync.data_plane_tls or cfg.security.mode != "mtls":
+    if cfg.weight_sync.data_plane_tls or not security_mode(cfg.security.mode).uses_pki:
         return ""
     if not (cfg.security.signing_key and cfg.security.signing_public_key):
         raise ConfigError("weight_sync.data_plane_tls false needs signed weights (security.signing_key and "

@@ -104,6 +104,37 @@ def admission_held(engine: object) -> AbstractContextManager[None]:
 
 
 @runtime_checkable
+class Abortable(Protocol):
+    """An engine that can abort chosen requests (the torch engine): they resolve now with finish_reason 'abort' and
+    free their batch slots and KV rows. Without it, a request no longer wanted runs to its end."""
+
+    def abort(self, futures: Iterable[Future[Generation]]) -> int:
+        """Abort these requests; returns how many were still in the engine."""
+        ...
+
+
+@runtime_checkable
+class Streaming(Protocol):
+    """An engine that reports each output token the moment it is chosen (the torch engine): what the OpenAI
+    endpoint streams. Without it, a stream request is answered once its completion is finished."""
+
+    def submit_streaming(self, input_ids: Sequence[int], sampling: SamplingParams,
+                         on_token: Callable[[int, float], None] | None) -> Future[Generation]:
+        """submit, calling on_token(id, logprob) as each output token is chosen."""
+        ...
+
+
+@runtime_checkable
+class Retractable(Protocol):
+    """An engine that can put its running requests back in its queue, output dropped, to be generated again (the
+    torch engine): what rollout.partial_rollouts 'retract' needs."""
+
+    def retract_in_flight(self) -> int:
+        """Retract every running request (futures stay pending); call while paused. Returns how many."""
+        ...
+
+
+@runtime_checkable
 class Engine(Protocol):
     """One inference engine replica. Thread-safe: submit and the weight calls may come from any thread."""
 

@@ -39,7 +39,17 @@ from transformers.cache_utils import DynamicCache
 from rlfleet.cpu_kernels import batch_invariant, load_kwargs
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.services.rollout.engines import kv_cache, lean_llama
-from rlfleet.services.rollout.engines.base import EngineError, EngineStats, check_request
+from rlfleet.services.rollout.engines.base import (
+    Abortable,
+    EngineError,
+    EngineStats,
+    HoldsAdmission,
+    Pausable,
+    Retractable,
+    Streaming,
+    TensorThread,
+    check_request,
+)
 from rlfleet.services.rollout.engines.decoder import Decoder
 from rlfleet.services.rollout.engines.hf_decoder import HFDecoder
 from rlfleet.services.rollout.engines.moe_routes import RouteRecorder
@@ -90,7 +100,7 @@ def _decoder_for(model: torch.nn.Module, device: torch.device, lean: bool, compi
     return HFDecoder(model, device, routes)
 
 
-class TorchEngine:
+class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, HoldsAdmission):
     name = "torch"
 
     def __init__(self, model_path: str | Path, max_batch_size: int = 64, device: str = "cpu",
@@ -100,8 +110,7 @@ class TorchEngine:
         """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config.
         on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
         rlfleet.cpu_kernels.invariant_ops, so the logprobs equal the trainer's recomputation bitwise (no fast or
-        compiled
-        decode). fast_decode: Llama-family models decode through `lean_llama.FastDecoder` (same math, less
+        compiled decode). fast_decode: Llama-family models decode through `lean_llama.FastDecoder` (same math, less
         overhead), other models through the HF modules (hf_decoder.HFDecoder); compile: torch.compile the lean
         layer step (off by default; an uncompiled engine never compiles); onednn: that step's linears through oneDNN
         on a CPU (lean_llama/llama_ops.py), else torch's ops; native_attention: that step's attention through a C

@@ -18,6 +18,7 @@ from rlfleet.config import ConfigError, load_config
 from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.runtime.service_main import serve_until, stop_on_signals
 from rlfleet.security.credentials import read_token
+from rlfleet.security.modes import security_mode
 from rlfleet.security.pki import CA_CERT
 from rlfleet.services.rollout.openai_api.credentials import LOOPBACK, api_key
 from rlfleet.services.rollout.openai_api.gateway import OpenAIGateway, Routes, http_router, replicas_in
@@ -34,14 +35,15 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s openai-gateway %(levelname)s %(message)s")
     try:
         cfg = load_config(ns.config)
-        token = read_token(cfg.security.token_file) if cfg.security.mode == "token" else None
+        mode = security_mode(cfg.security.mode)
+        token = read_token(cfg.security.token_file) if mode.uses_token else None
         key = api_key(cfg, token)
     except (ConfigError, OSError) as exc:
         print(f"openai-gateway: {exc}", file=sys.stderr)
         return 2
     oc = cfg.rollout.openai
     tls = None
-    if cfg.security.mode == "mtls" and oc.bind not in LOOPBACK and cfg.security.pki_dir:
+    if mode.uses_pki and oc.bind not in LOOPBACK and cfg.security.pki_dir:
         tls = ssl.create_default_context(cafile=str(Path(cfg.security.pki_dir) / CA_CERT))
     folder = cfg.run_dir / ADDRESS_DIR
     stop = stop_on_signals()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlfleet.protocols import Generation, SamplingParams
-from rlfleet.services.rollout.engines.base import Engine, EngineError
+from rlfleet.services.rollout.engines.base import Abortable, Engine, EngineError, Streaming
 from rlfleet.services.rollout.openai_api.sessions import SessionStore
 from rlfleet.services.rollout.openai_api.wire import Completion, RequestError, messages_of, prompt_of, sampling_of
 from rlfleet.services.rollout.tito import TitoError, TitoSession
@@ -59,8 +59,7 @@ class OpenAIApp:
         cancelled: session ids begin with its group id); they answer finish_reason 'abort'. Returns how many."""
         with self._lock:
             pending = [f for sid, f in self._in_flight.items() if sid.startswith(prefix) and not f.done()]
-        abort = getattr(self.engine, "abort", None)
-        return int(abort(pending)) if pending and abort is not None else 0
+        return int(self.engine.abort(pending)) if pending and isinstance(self.engine, Abortable) else 0
 
     def chat(self, body: Mapping[str, Any], session_id: str | None) -> Completion:
         return self.finish(self.begin(body, session_id, chat=True))
@@ -96,10 +95,10 @@ class OpenAIApp:
         room = None if self.settings.max_context is None else self.settings.max_context - len(prompt_ids)
         sampling = sampling_of(body, self.sampling, self.tokenizer, room)
         tokens: queue.SimpleQueue[tuple[int, float]] = queue.SimpleQueue()
-        streaming = getattr(self.engine, "submit_streaming", None) if body.get("stream") else None
+        engine = self.engine
         try:
-            future = (streaming(prompt_ids, sampling, lambda t, lp: tokens.put((t, lp))) if streaming is not None
-                      else self.engine.submit(prompt_ids, sampling))
+            future = (engine.submit_streaming(prompt_ids, sampling, lambda t, lp: tokens.put((t, lp)))
+                      if body.get("stream") and isinstance(engine, Streaming) else engine.submit(prompt_ids, sampling))
         except EngineError as exc:
             raise RequestError(str(exc)) from None
         if session_id is not None:
@@ -114,9 +113,8 @@ class OpenAIApp:
             try:
                 gen = turn.future.result(timeout=max(turn.deadline - time.monotonic(), 0.0))
             except FutureTimeout:
-                abort = getattr(self.engine, "abort", None)
-                if abort is not None:
-                    abort([turn.future])
+                if isinstance(self.engine, Abortable):
+                    self.engine.abort([turn.future])
                 raise GenerationTimeout(f"generation did not finish in {self.settings.request_timeout:.0f}s") \
                     from None
             content = turn.session.add_generation(gen)

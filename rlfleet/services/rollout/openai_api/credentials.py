@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rlfleet.config import Config, ConfigError
 from rlfleet.security.identity import Credential
+from rlfleet.security.modes import security_mode
 from rlfleet.security.pki import cert_paths
 from rlfleet.security.run_material import OPENAI_API_KEY
 from rlfleet.security.secret_files import read_secret
@@ -22,16 +23,17 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def api_key(cfg: Config, credential: Credential) -> str | None:
     """The bearer key the endpoint requires; None in mode none. ConfigError when mtls's key file is missing."""
-    if cfg.security.mode == "none":
+    mode = security_mode(cfg.security.mode)
+    if not mode.authenticates:
         return None
-    if cfg.security.mode == "token":
+    if mode.uses_token:
         if not isinstance(credential, str) or not credential:
-            raise ConfigError("rollout.openai: security.mode is 'token' but this replica holds no run token")
+            raise ConfigError(f"rollout.openai: security.mode is '{mode.name}' but this replica holds no run token")
         return credential
-    configured = cfg.rollout.openai.api_key_file
+    configured = cfg.rollout.openai.api_key_file              # mode.uses_pki: a key file of its own
     if not configured and not cfg.security.pki_dir:
-        raise ConfigError("rollout.openai: security.mode is 'mtls' but neither rollout.openai.api_key_file nor "
-                          "security.pki_dir is set (rlfleet run makes RUN_DIR/pki/openai-api.key)")
+        raise ConfigError(f"rollout.openai: security.mode is '{mode.name}' but neither rollout.openai.api_key_file "
+                          "nor security.pki_dir is set (rlfleet run makes RUN_DIR/pki/openai-api.key)")
     path = Path(configured) if configured else Path(str(cfg.security.pki_dir)) / OPENAI_API_KEY
     try:
         key = read_secret(path).decode().strip()
@@ -44,6 +46,7 @@ def api_key(cfg: Config, credential: Credential) -> str | None:
 
 def tls_files(cfg: Config, replica_id: str) -> tuple[Path, Path] | None:
     """(certificate, key) for HTTPS: mtls mode with the endpoint bound beyond loopback; else None (plain HTTP)."""
-    if cfg.security.mode != "mtls" or cfg.rollout.openai.bind in LOOPBACK or not cfg.security.pki_dir:
+    if not security_mode(cfg.security.mode).uses_pki or cfg.rollout.openai.bind in LOOPBACK \
+            or not cfg.security.pki_dir:
         return None
     return cert_paths(Path(cfg.security.pki_dir), replica_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 from rlfleet.protocols import GroupTicket
 from rlfleet.services.rollout.openai_api.server import SESSION_HEADER
@@ -51,8 +51,17 @@ class OpenAIEndpoint:
         return session
 
 
-def endpoint_of(ctx: Any) -> OpenAIEndpoint:
-    endpoint = getattr(ctx, "openai", None)
+@runtime_checkable
+class ServesOpenAI(Protocol):
+    """A rollout context that declares its replica's OpenAI endpoint (the service's contexts): None when the replica
+    serves none (rollout.openai.enabled false). A context that is not one (a test's) has no endpoint."""
+
+    @property
+    def openai(self) -> OpenAIEndpoint | None: ...
+
+
+def endpoint_of(ctx: object) -> OpenAIEndpoint:
+    endpoint = ctx.openai if isinstance(ctx, ServesOpenAI) else None
     if not isinstance(endpoint, OpenAIEndpoint):
         raise NoEndpoint("this rollout function needs the OpenAI endpoint: set rollout.openai.enabled: true")
     return endpoint

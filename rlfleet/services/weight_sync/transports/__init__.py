@@ -7,12 +7,14 @@ This is a library, not part of the weight_sync service: the sending halves run i
 only carries manifests, acknowledgements and the peer directory. It is the one package that other services may
 import from rlfleet/services/weight_sync (tests/unit/test_import_directions.py holds that).
 
-contract.py: the `Sender` / `Receiver` Protocols, the `WeightHolder` a receiver reads, the setups factories get.
+contract.py: the `Sender` / `Receiver` Protocols, the `WeightHolder` a receiver reads, the setups factories get,
+and the `Transport` record (with its `AutoCandidate`: what `transport: auto` weighs).
 registry.py: `TRANSPORTS` and `transport(name)`, the one lookup both sides use.
 One package per transport: bucketed/ (gRPC stream), broadcast/ (gloo/NCCL group, gRPC fallback), nixl/ (P2P
 WRITEs into registered replica memory), disk_delta/ (changed elements in files). Shared pieces: manifest.py
 (checksums, digests), layout.py (bucket plans), fill.py, planned.py, sharded.py, peers.py (control-plane client),
-errors.py, auto.py (`transport: auto`).
+errors.py, auto.py (`transport: auto`), probe.py (the copy-rate probes auto runs; nixl/ and disk_delta/ have their
+own probe.py).
 """
 
 from __future__ import annotations

@@ -5,22 +5,25 @@ bytes at its own rate, so the estimate is `fixed + bytes / bandwidth` and the sm
 the highest (per-bucket descriptors, notifications; Miles's own table has P2P slower than broadcast for small
 models), broadcast needs a collective group, disk-delta moves a fraction of the bytes but pays for the diff, zstd
 and two file passes. The probes are in-process loopback measurements of each data plane's copy path.
+
+What auto weighs is declared on each transport's registry record (contract.AutoCandidate: its fixed cost, its probe,
+the fraction of the bytes it moves, whether it can be a candidate in this process); candidates are taken in the
+registry's order.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import torch
+from rlfleet.services.weight_sync.transports.contract import AutoCandidate
+from rlfleet.services.weight_sync.transports.registry import TRANSPORTS
 
 log = logging.getLogger(__name__)
 
-PROBE_BYTES = 32 << 20
-FIXED_SECONDS = {"bucketed": 0.01, "broadcast": 0.05, "nixl": 0.25, "disk_delta": 0.2}
-DELTA_FRACTION = 0.15     # disk-delta bytes per update / full bytes, conservatively (bf16 at small lr: ~1-15%)
+AUTO = "auto"                    # the weight_sync.transport value that leaves the choice to this module
+DEFAULT_FIXED_SECONDS = 0.1      # a name without an AutoCandidate record
 
 
 @dataclass(frozen=True)
@@ -31,53 +34,31 @@ class Choice:
     bandwidth: dict[str, float]      # transport -> measured GB/s
 
 
-def _gbps(fn: Callable[[], None], nbytes: int) -> float:
-    fn()                                               # warm up
-    t0 = time.perf_counter()
-    fn()
-    return nbytes / max(time.perf_counter() - t0, 1e-9) / 1e9
+@dataclass(frozen=True)
+class Candidates:
+    """What auto may pick in this process: each candidate's record, in registry order, and why the others with a
+    record may not (a library that does not import here)."""
+
+    here: dict[str, AutoCandidate]
+    missing: dict[str, str]
+
+    def probes(self) -> dict[str, Callable[[], float]]:
+        return {name: c.probe for name, c in self.here.items()}
 
 
-def probe_memcpy(nbytes: int = PROBE_BYTES) -> float:
-    a, b = torch.empty(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
-    return _gbps(lambda: b.copy_(a), nbytes)
-
-
-def probe_nixl(nbytes: int = PROBE_BYTES) -> float:
-    from rlfleet.services.weight_sync.transports.nixl.agent import make_agent, wait_xfer
-
-    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
-    a, b = make_agent("probe-a"), make_agent("probe-b")
-    a.register_memory([src])
-    b.register_memory([dst])
-    a.add_remote_agent(b.get_agent_metadata())
-    remote = a.deserialize_descs(b.get_serialized_descs(b.get_xfer_descs([dst])))
-
-    def once() -> None:
-        h = a.initialize_xfer("WRITE", a.get_xfer_descs([src]), remote, b.name)
-        a.transfer(h)
-        if wait_xfer(a, h, time.monotonic() + 30) != "DONE":
-            raise RuntimeError("NIXL probe transfer failed")
-        a.release_xfer_handle(h)
-
-    return _gbps(once, nbytes)
-
-
-def probe_delta(nbytes: int = PROBE_BYTES) -> float:
-    """Full-bytes-equivalent rate of xor + zstd on a tensor where ~1% changed."""
-    import zstandard
-
-    from rlfleet.services.weight_sync.transports.disk_delta.codec import encode
-
-    prev = torch.randint(-2**15, 2**15 - 1, (nbytes // 2,), dtype=torch.int16).view(torch.bfloat16)
-    new = prev.clone()
-    new.view(torch.int16)[::100] += 1
-
-    def once() -> None:
-        x = encode(prev, new, "xor")["xor"]
-        zstandard.ZstdCompressor(level=3).compress(x.numpy().tobytes())
-
-    return _gbps(once, nbytes)
+def candidates_here() -> Candidates:
+    """Every transport that declares an AutoCandidate, split by whether it can be a candidate in this process."""
+    here: dict[str, AutoCandidate] = {}
+    missing: dict[str, str] = {}
+    for plug in TRANSPORTS.values():
+        if plug.auto is None:
+            continue
+        why = plug.auto.missing()
+        if why is None:
+            here[plug.name] = plug.auto
+        else:
+            missing[plug.name] = why
+    return Candidates(here, missing)
 
 
 def choose(model_bytes: int, available: Mapping[str, Callable[[], float]]) -> Choice:
@@ -89,8 +70,10 @@ def choose(model_bytes: int, available: Mapping[str, Callable[[], float]]) -> Ch
         except Exception as exc:  # noqa: BLE001 - a transport whose probe fails is not a candidate
             log.warning("transport %s probe failed (%s): not a candidate", name, exc)
             continue
-        moved = model_bytes * (DELTA_FRACTION if name == "disk_delta" else 1.0)
-        est[name] = FIXED_SECONDS.get(name, 0.1) + moved / max(bw[name] * 1e9, 1.0)
+        candidate = TRANSPORTS[name].auto if name in TRANSPORTS else None
+        fixed = candidate.fixed_seconds if candidate is not None else DEFAULT_FIXED_SECONDS
+        moved = model_bytes * (candidate.bytes_fraction if candidate is not None else 1.0)
+        est[name] = fixed + moved / max(bw[name] * 1e9, 1.0)
     if not est:
         raise RuntimeError("no weight transport could be probed")
     best = min(est, key=est.__getitem__)

@@ -86,6 +86,21 @@ class ReceiverSetup:
     join_seconds: float = 120.0
 
 
+def _always_available() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class AutoCandidate:
+    """What `transport: auto` (auto.py) needs of a transport it may pick. Its estimated seconds per update are
+    fixed_seconds + model bytes * bytes_fraction / the probe's rate."""
+
+    fixed_seconds: float             # paid per update whatever the size (rendezvous, notifications, file syncs)
+    probe: Callable[[], float]       # GB/s of its data plane's copy path, measured in-process at start-up
+    bytes_fraction: float = 1.0      # bytes it moves per update / the model's bytes
+    missing: Callable[[], str | None] = _always_available   # why it cannot be a candidate here; None: it can
+
+
 @dataclass(frozen=True)
 class Transport:
     """One transport: its name (weight_sync.transport, WeightManifest.transport) and how to build each half."""
@@ -96,3 +111,6 @@ class Transport:
     needs_endpoint: bool = False     # serves gRPC on endpoints.trainer_data
     needs_control: bool = False      # the receiver registers with / looks up the control plane
     fetch: Fetch | None = None       # a stateless transport's fetch: any process can call it without setup
+    auto: AutoCandidate | None = None    # how `transport: auto` weighs it; None: auto never picks it
+    always_received: bool = False    # every replica sets up its receiver, whatever the transport configured
+    needs_capacity: bool = False     # its receiver registers staging memory of ReceiverSetup.capacity_bytes

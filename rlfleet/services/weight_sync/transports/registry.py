@@ -1,4 +1,5 @@
-"""The one table of weight transports, looked up by the trainer's publisher and the rollout's receiver setup."""
+"""The one table of weight transports, looked up by the trainer's publisher and the rollout's receiver setup. Its
+order is the order `transport: auto` probes its candidates in (auto.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rlfleet.services.weight_sync.transports.contract import Transport
 from rlfleet.services.weight_sync.transports.disk_delta import TRANSPORT as DISK_DELTA
 from rlfleet.services.weight_sync.transports.nixl import TRANSPORT as NIXL
 
-TRANSPORTS: Mapping[str, Transport] = MappingProxyType({t.name: t for t in (BUCKETED, BROADCAST, NIXL, DISK_DELTA)})
+TRANSPORTS: Mapping[str, Transport] = MappingProxyType({t.name: t for t in (BUCKETED, BROADCAST, DISK_DELTA, NIXL)})
 
 
 def transport(name: str) -> Transport:

@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 
 from rlfleet.protocols import Generation, SamplingParams
-from rlfleet.services.rollout.engines.base import EngineError, EngineStats, check_request
+from rlfleet.services.rollout.engines.base import EngineError, EngineStats, Pausable, check_request
 from rlfleet.services.rollout.engines.sglang.client import SGLangClient, SGLangError
 from rlfleet.services.rollout.engines.sglang.group import broadcast_tensors, new_group, run_beside
 from rlfleet.services.rollout.engines.sglang.protocol import generate_body, parse_generate_response
@@ -54,7 +54,7 @@ WeightPath = Literal["disk", "distributed"]
 Verify = Literal["read_back", "sent"]
 
 
-class SGLangEngine:
+class SGLangEngine(Pausable):
     name = "sglang"
 
     def __init__(self, client: SGLangClient, model_path: str | Path, *, weight_path: WeightPath = "disk",

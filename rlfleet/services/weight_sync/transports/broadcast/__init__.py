@@ -3,7 +3,15 @@ the bucketed gRPC stream as the fallback for replicas outside the group (sender.
 
 from __future__ import annotations
 
-from rlfleet.services.weight_sync.transports.contract import Receiver, ReceiverSetup, Sender, SenderSetup, Transport
+from rlfleet.services.weight_sync.transports.contract import (
+    AutoCandidate,
+    Receiver,
+    ReceiverSetup,
+    Sender,
+    SenderSetup,
+    Transport,
+)
+from rlfleet.services.weight_sync.transports.probe import probe_memcpy
 
 
 def make_sender(setup: SenderSetup) -> Sender:
@@ -28,4 +36,6 @@ def make_receiver(setup: ReceiverSetup) -> Receiver:
     return BroadcastReceiver(PeerDirectory(setup.control).peers, setup.device, setup.join_seconds)
 
 
-TRANSPORT = Transport("broadcast", make_sender, make_receiver, needs_endpoint=True, needs_control=True)
+# auto: a collective group to set up per update, then buckets at memory-copy rate
+TRANSPORT = Transport("broadcast", make_sender, make_receiver, needs_endpoint=True, needs_control=True,
+                      auto=AutoCandidate(fixed_seconds=0.05, probe=probe_memcpy))

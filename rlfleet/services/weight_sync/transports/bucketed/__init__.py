@@ -21,6 +21,7 @@ def make_receiver(setup: ReceiverSetup) -> StreamReceiver:
     return StreamReceiver()
 
 
-TRANSPORT = Transport("bucketed", make_sender, make_receiver, needs_endpoint=True, fetch=fetch)
+# not an auto candidate; always received: the broadcast transport's gRPC fallback arrives as bucketed
+TRANSPORT = Transport("bucketed", make_sender, make_receiver, needs_endpoint=True, fetch=fetch, always_received=True)
 
 __all__ = ["TRANSPORT", "BucketedSender", "StreamReceiver", "WeightTransferError", "fetch"]

@@ -3,7 +3,15 @@ few NIXL calls; sender.py, receiver.py). Importing it needs no nixl; building ei
 
 from __future__ import annotations
 
-from rlfleet.services.weight_sync.transports.contract import Receiver, ReceiverSetup, Sender, SenderSetup, Transport
+from rlfleet.services.weight_sync.transports.contract import (
+    AutoCandidate,
+    Receiver,
+    ReceiverSetup,
+    Sender,
+    SenderSetup,
+    Transport,
+)
+from rlfleet.services.weight_sync.transports.nixl.probe import nixl_missing, probe_nixl
 
 
 def make_sender(setup: SenderSetup) -> Sender:
@@ -25,4 +33,6 @@ def make_receiver(setup: ReceiverSetup) -> Receiver:
     return NixlReceiver(setup.replica_id, setup.capacity_bytes, PeerDirectory(setup.control).register, setup.device)
 
 
-TRANSPORT = Transport("nixl", make_sender, make_receiver, needs_control=True)
+# auto: the highest fixed cost (per-bucket descriptors, notifications); a candidate only where nixl imports
+TRANSPORT = Transport("nixl", make_sender, make_receiver, needs_control=True, needs_capacity=True,
+                      auto=AutoCandidate(fixed_seconds=0.25, probe=probe_nixl, missing=nixl_missing))
