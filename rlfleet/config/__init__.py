@@ -2,7 +2,8 @@
 
 One module per section: run.py (run, model, eval, dashboards), rollout.py, buffer.py, trainer.py, weight_sync.py,
 security.py, deployment.py (endpoints, placement), perf.py (the fast paths' off-switches); root.py is the whole config
-and its cross-section checks, loading.py reads YAML and `--set` overrides, section.py is every section's base.
+and its cross-section checks, loading.py reads YAML and `--set` overrides, section.py is every section's base,
+algorithms.py the records of the trainer's algorithm presets and advantage estimators.
 Everything public is importable from here: `from rlfleet.config import Config, load_config`.
 
 Every field's description lives in its model; `python scripts/gen_config_docs.py` writes docs/config-reference.md and
@@ -12,6 +13,19 @@ drifts). `rlfleet check CONFIG` validates a file without starting anything.
 
 from __future__ import annotations
 
+from rlfleet.config.algorithms import (
+    ADVANTAGE_SPECS,
+    ALGORITHM_PRESETS,
+    LOSS_NAMES,
+    AdvantageSpec,
+    AlgorithmPreset,
+    advantage_name,
+    advantage_spec,
+    needs_critic,
+    needs_groups,
+    needs_teacher,
+    reads_only_rewards,
+)
 from rlfleet.config.buffer import (
     BufferConfig,
 )
@@ -75,6 +89,11 @@ from rlfleet.config.weight_sync import (
 )
 
 __all__ = [
+    "ADVANTAGE_SPECS",
+    "ALGORITHM_PRESETS",
+    "AdvantageSpec",
+    "AlgorithmPreset",
+    "LOSS_NAMES",
     "BufferConfig",
     "Config",
     "ConfigError",
@@ -110,8 +129,14 @@ __all__ = [
     "TisConfig",
     "TrainerConfig",
     "WeightSyncConfig",
+    "advantage_name",
+    "advantage_spec",
     "apply_overrides",
     "dump_config",
     "load_config",
+    "needs_critic",
+    "needs_groups",
+    "needs_teacher",
     "parse_config",
+    "reads_only_rewards",
 ]
