@@ -3,7 +3,8 @@
 One module per section: run.py (run, model, eval, dashboards), rollout.py, buffer.py, trainer.py, weight_sync.py,
 security.py, deployment.py (endpoints, placement), perf.py (the fast paths' off-switches); root.py is the whole config
 and its cross-section checks, loading.py reads YAML and `--set` overrides, section.py is every section's base,
-algorithms.py the records of the trainer's algorithm presets and advantage estimators.
+algorithms.py the records of the trainer's algorithm presets and advantage estimators, trainer_checks.py the
+trainer's start-up refusals that need only the config (`rlfleet check` runs them too).
 Everything public is importable from here: `from rlfleet.config import Config, load_config`.
 
 Every field's description lives in its model; `python scripts/gen_config_docs.py` writes docs/config-reference.md and
@@ -84,6 +85,13 @@ from rlfleet.config.trainer import (
     TisConfig,
     TrainerConfig,
 )
+from rlfleet.config.trainer_checks import (
+    check_megatron,
+    check_trainer,
+    data_parallel_ranks,
+    megatron_data_parallel_size,
+    megatron_unsupported,
+)
 from rlfleet.config.weight_sync import (
     WeightSyncConfig,
 )
@@ -132,8 +140,13 @@ __all__ = [
     "advantage_name",
     "advantage_spec",
     "apply_overrides",
+    "check_megatron",
+    "check_trainer",
+    "data_parallel_ranks",
     "dump_config",
     "load_config",
+    "megatron_data_parallel_size",
+    "megatron_unsupported",
     "needs_critic",
     "needs_groups",
     "needs_teacher",
