@@ -4,7 +4,8 @@ One module per section: run.py (run, model, eval, dashboards), rollout.py, buffe
 security.py, deployment.py (endpoints, placement), perf.py (the fast paths' off-switches); root.py is the whole config
 and its cross-section checks, loading.py reads YAML and `--set` overrides, section.py is every section's base,
 algorithms.py the records of the trainer's algorithm presets and advantage estimators, trainer_checks.py the
-trainer's start-up refusals that need only the config (`rlfleet check` runs them too).
+trainer's start-up refusals that need only the config (`rlfleet check` runs them too), field_docs.py how a field's
+type and default read, explain.py `rlfleet check --explain FIELD`.
 Everything public is importable from here: `from rlfleet.config import Config, load_config`.
 
 Every field's description lives in its model; `python scripts/gen_config_docs.py` writes docs/config-reference.md and
@@ -34,6 +35,10 @@ from rlfleet.config.deployment import (
     EndpointsConfig,
     PlacementConfig,
     ServicePlacement,
+)
+from rlfleet.config.explain import (
+    config_fields,
+    explain,
 )
 from rlfleet.config.loading import (
     ConfigError,
@@ -142,8 +147,10 @@ __all__ = [
     "apply_overrides",
     "check_megatron",
     "check_trainer",
+    "config_fields",
     "data_parallel_ranks",
     "dump_config",
+    "explain",
     "load_config",
     "megatron_data_parallel_size",
     "megatron_unsupported",
