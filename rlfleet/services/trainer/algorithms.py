@@ -1,7 +1,7 @@
 """Algorithm presets: trainer.algorithm names an (advantage, loss) pair; trainer.advantage / trainer.loss override.
 The presets' records (and what each advantage reads: critic, teacher, rewards only) live in the SDK,
 rlfleet/config/algorithms.py, so `rlfleet check` and the config's own checks read the same table; this module
-resolves those names to the implementations (advantages.ADVANTAGES / ADVANTAGE_FACTORIES, losses.LOSSES).
+resolves those names to the implementations: ADVANTAGE_FACTORIES and losses.LOSSES, both name -> factory(config).
 
 | preset                | advantage              | loss        | needs                                          |
 |-----------------------|------------------------|-------------|------------------------------------------------|
@@ -40,8 +40,15 @@ from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch, ZeroAtZero
 from rlfleet.services.trainer.advantages import ADVANTAGES, TOKEN_REWARDS, Gae, Grpo, ReinforcePP
 from rlfleet.services.trainer.losses import LOSSES, EntropyTerm, kl_estimate, kl_penalized
 
-# advantages that need the trainer config
+
+def _fixed(estimator: AdvantageEstimator) -> Callable[[TrainerConfig], AdvantageEstimator]:
+    return lambda cfg: estimator
+
+
+# built-in advantage name (rlfleet.config.ADVANTAGE_SPECS) -> factory taking the trainer config: the same shape as
+# losses.LOSSES; estimators without knobs are advantages.ADVANTAGES' instances, the others read their sub-sections
 ADVANTAGE_FACTORIES: dict[str, Callable[[TrainerConfig], AdvantageEstimator]] = {
+    **{name: _fixed(estimator) for name, estimator in ADVANTAGES.items()},
     "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam),
     "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards),
     "reinforce_pp": lambda cfg: ReinforcePP(cfg.estimator.gamma),
@@ -69,12 +76,9 @@ class KlInReward:
 def resolve_advantage(name: str, cfg: TrainerConfig | None = None) -> AdvantageEstimator:
     if name in ADVANTAGE_FACTORIES:
         return ADVANTAGE_FACTORIES[name](cfg or TrainerConfig())
-    if name in ADVANTAGES:
-        return ADVANTAGES[name]
     if ":" in name:
         return load_callable(name, "trainer.advantage", AdvantageEstimator)
-    known = sorted([*ADVANTAGES, *ADVANTAGE_FACTORIES])
-    raise PluginError(f"advantage '{name}': not a built-in ({', '.join(known)}) "
+    raise PluginError(f"advantage '{name}': not a built-in ({', '.join(sorted(ADVANTAGE_FACTORIES))}) "
                       "nor a dotted path 'package.module:attribute'")
 
 
