@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from rlfleet.config import ConfigError, load_config
+from rlfleet.config import ConfigError, explain, load_config
 from rlfleet.plugins import PluginError
 
 
@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--resume", action="store_true", help="continue the run in the run folder")
     p_run.add_argument("--fresh", action="store_true", help="delete the run folder's previous state first")
     p_check = sub.add_parser("check", help="validate CONFIG and import every plugin it names")
-    p_check.add_argument("config")
+    p_check.add_argument("config", nargs="?")
+    p_check.add_argument("--explain", metavar="FIELD", help="print a config field's type, default and description "
+                         "(e.g. trainer.tis.level) instead of checking a config")
     p_check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p_scale = sub.add_parser("scale", help="change the rollout replica count of a live local run")
     p_scale.add_argument("run_dir", help="the run folder (run.dir) of a live `rlfleet run`")
@@ -61,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"rollout replicas: {len(status.running)} ({', '.join(status.running)})")
         return 0
+    if ns.command == "check" and ns.explain is not None:
+        try:
+            print(explain(ns.explain))
+        except ConfigError as exc:
+            print(f"rlfleet: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if ns.command == "check" and ns.config is None:
+        p_check.error("give CONFIG (or --explain FIELD)")
     if ns.command == "buffer":        # the buffer's code reads its own log format, in its own process
         return subprocess.run([sys.executable, "-m", "rlfleet.services.buffer.stores.repair", ns.action, ns.run_dir],
                               check=False).returncode

@@ -155,6 +155,16 @@ class LossFn(Protocol):
                   token_count: float) -> LossOutput: ...
 
 
+@runtime_checkable
+class ZeroAtZeroAdvantage(Protocol):
+    """Optional capability of a LossFn: it declares whether a token whose advantage is 0 adds 0 to the loss and to
+    its gradient, whatever its logprob (then the trainer may leave rows with a zero advantage at every token out of
+    the forward: rlfleet/services/trainer/step.py). A loss that does not declare it is treated as False."""
+
+    @property
+    def zero_at_zero_advantage(self) -> bool: ...
+
+
 class TrainerHooks(Protocol):
     """Optional hooks; implement any subset. Named by dotted path to a class or factory."""
 
@@ -169,6 +179,15 @@ class TrainerHooks(Protocol):
 
 HOOK_NAMES: tuple[str, ...] = tuple(name for name, value in vars(TrainerHooks).items()
                                     if not name.startswith("_") and callable(value))
+
+
+@runtime_checkable
+class NeedsOldLogprobs(Protocol):
+    """Optional capability of a TrainerHooks object: `needs_old_logprobs = True` says the hook must see the old
+    logprobs before the training forward (so the trainer runs the separate no-grad forward even when one optimizer
+    step per batch would let it reuse the training forward's). A hook that does not declare it is treated as False."""
+
+    needs_old_logprobs: bool
 
 
 class ModelPrepareFn(Protocol):

@@ -10,71 +10,34 @@ import argparse
 import inspect
 import json
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
-import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import to_jsonable_python
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:          # run as a script: document this checkout's models, not an installed copy's
     sys.path.insert(0, str(ROOT))
 
 from rlfleet.config import MOVED_FIELDS, Config  # noqa: E402
+from rlfleet.config.field_docs import bounds_text, default_json, section_model, type_name  # noqa: E402
 
 DOCS = Path("docs") / "config-reference.md"
 SCHEMA = Path("deploy") / "helm" / "rlfleet" / "values.schema.json"
 # runConfig sections the chart passes through as written; the chart's own rules for the others stay hand-written
 # in the schema (security: the chart runs token or none, and fills token_file itself).
 CHART_SECTIONS = ("run", "model", "rollout", "buffer", "trainer", "weight_sync", "eval")
-_BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"), (annotated_types.Le, "le", "<="),
-           (annotated_types.Lt, "lt", "<"))
 
 
 # --- docs/config-reference.md ---------------------------------------------------------------------------------------
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The section model a field holds (`X` or `X | None`), else None."""
-    candidates = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
-    for tp in candidates:
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            return tp
-    return None
-
-
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if tp is type(None):
-        return "null"
-    if tp is Any:
-        return "any"
-    if origin is Literal:
-        return " | ".join(json.dumps(a) for a in get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in get_args(tp))
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return "section"
-    if origin is not None:
-        return f"{origin.__name__}[{', '.join(_type_name(a) for a in get_args(tp))}]"
-    return str(tp.__name__)
-
-
-def _bounds(field: FieldInfo) -> str:
-    parts = [f"{sign} {getattr(m, attr)}" for m in field.metadata for kind, attr, sign in _BOUNDS
-             if isinstance(m, kind)]
-    return f" ({', '.join(parts)})" if parts else ""
-
-
 def _default(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
-    if isinstance(field.default, BaseModel):
-        return ""
-    return f"`{json.dumps(to_jsonable_python(field.default))}`"
+    value = default_json(field)
+    return "" if value is None else f"`{value}`"
 
 
 def _cell(text: str) -> str:
@@ -88,7 +51,7 @@ def _anchor(path: str) -> str:
 def _sections(model: type[BaseModel], path: str, seen: dict[type[BaseModel], str]) -> Iterator[tuple[str, type]]:
     """(dotted path, model) of every section under `model`, depth first; a model met again is documented once."""
     for name, field in model.model_fields.items():
-        sub = _model_of(field.annotation)
+        sub = section_model(field.annotation)
         if sub is not None and sub not in seen:
             seen[sub] = f"{path}{name}"
             yield f"{path}{name}", sub
@@ -102,11 +65,11 @@ def _section_doc(heading: str, model: type[BaseModel], seen: dict[type[BaseModel
     lines += ["| field | type | default | description |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
         description = field.description or ""
-        sub = _model_of(field.annotation)
+        sub = section_model(field.annotation)
         if sub is not None:
             where = seen[sub]
             description = f"{description} Fields: [`{where}`](#{_anchor(where)})."
-        kind = _type_name(field.annotation) + _bounds(field)
+        kind = type_name(field.annotation) + bounds_text(field)
         lines.append(f"| `{name}` | {_cell(f'`{kind}`')} | {_cell(_default(field))} | {_cell(description)} |")
     return lines + [""]
 
@@ -123,7 +86,8 @@ def render_docs() -> str:
         "A run is one YAML file with one section per service; every section but `model` and `rollout` may be left",
         "out. An unknown or misspelt field is refused, naming the field and the file, and so is a field that moved",
         "(the error names its new place). `rlfleet check CONFIG` validates a config and every plugin it names without",
-        "starting anything; `rlfleet run` runs the same checks first. Example:",
+        "starting anything; `rlfleet run` runs the same checks first. `rlfleet check --explain trainer.tis.level`",
+        "prints one field's type, default and description. Example:",
         "[examples/addition/config.yaml](../examples/addition/config.yaml). In the Helm chart the `runConfig` values",
         "hold these sections (deploy/helm/rlfleet/values.schema.json is generated from the same models); what the",
         "chart sets itself is in [docs/cluster.md](cluster.md).",

@@ -2,7 +2,10 @@
 
 One module per section: run.py (run, model, eval, dashboards), rollout.py, buffer.py, trainer.py, weight_sync.py,
 security.py, deployment.py (endpoints, placement), perf.py (the fast paths' off-switches); root.py is the whole config
-and its cross-section checks, loading.py reads YAML and `--set` overrides, section.py is every section's base.
+and its cross-section checks, loading.py reads YAML and `--set` overrides, section.py is every section's base,
+algorithms.py the records of the trainer's algorithm presets and advantage estimators, trainer_checks.py the
+trainer's start-up refusals that need only the config (`rlfleet check` runs them too), field_docs.py how a field's
+type and default read, explain.py `rlfleet check --explain FIELD`.
 Everything public is importable from here: `from rlfleet.config import Config, load_config`.
 
 Every field's description lives in its model; `python scripts/gen_config_docs.py` writes docs/config-reference.md and
@@ -12,6 +15,19 @@ drifts). `rlfleet check CONFIG` validates a file without starting anything.
 
 from __future__ import annotations
 
+from rlfleet.config.algorithms import (
+    ADVANTAGE_SPECS,
+    ALGORITHM_PRESETS,
+    LOSS_NAMES,
+    AdvantageSpec,
+    AlgorithmPreset,
+    advantage_name,
+    advantage_spec,
+    needs_critic,
+    needs_groups,
+    needs_teacher,
+    reads_only_rewards,
+)
 from rlfleet.config.buffer import (
     BufferConfig,
 )
@@ -19,6 +35,10 @@ from rlfleet.config.deployment import (
     EndpointsConfig,
     PlacementConfig,
     ServicePlacement,
+)
+from rlfleet.config.explain import (
+    config_fields,
+    explain,
 )
 from rlfleet.config.loading import (
     ConfigError,
@@ -70,11 +90,23 @@ from rlfleet.config.trainer import (
     TisConfig,
     TrainerConfig,
 )
+from rlfleet.config.trainer_checks import (
+    check_megatron,
+    check_trainer,
+    data_parallel_ranks,
+    megatron_data_parallel_size,
+    megatron_unsupported,
+)
 from rlfleet.config.weight_sync import (
     WeightSyncConfig,
 )
 
 __all__ = [
+    "ADVANTAGE_SPECS",
+    "ALGORITHM_PRESETS",
+    "AdvantageSpec",
+    "AlgorithmPreset",
+    "LOSS_NAMES",
     "BufferConfig",
     "Config",
     "ConfigError",
@@ -110,8 +142,21 @@ __all__ = [
     "TisConfig",
     "TrainerConfig",
     "WeightSyncConfig",
+    "advantage_name",
+    "advantage_spec",
     "apply_overrides",
+    "check_megatron",
+    "check_trainer",
+    "config_fields",
+    "data_parallel_ranks",
     "dump_config",
+    "explain",
     "load_config",
+    "megatron_data_parallel_size",
+    "megatron_unsupported",
+    "needs_critic",
+    "needs_groups",
+    "needs_teacher",
     "parse_config",
+    "reads_only_rewards",
 ]

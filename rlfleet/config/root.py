@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from rlfleet.config.algorithms import needs_groups
 from rlfleet.config.buffer import BufferConfig
 from rlfleet.config.deployment import EndpointsConfig, PlacementConfig
 from rlfleet.config.perf import PerfConfig
@@ -44,8 +45,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check(self) -> Config:
-        if self.rollout.group_size < 2 and self.trainer.algorithm in ("grpo", "dapo", "gspo", "drgrpo",
-                                                                        "reinforce_pp_baseline", "rloo"):
+        if self.rollout.group_size < 2 and needs_groups(self.trainer.algorithm):
             raise ValueError(f"rollout.group_size must be >= 2 for trainer.algorithm={self.trainer.algorithm}")
         if (self.rollout.data_source is None) == (self.rollout.data is None):
             raise ValueError("rollout: give exactly one of data_source (a dotted path) and data (a dataset file)")

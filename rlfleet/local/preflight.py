@@ -2,8 +2,9 @@
 `rlfleet run` (run calls check_run first), so a config that checks is a config that starts.
 
 It imports plugins with the import path the services get (the current folder first, as the launcher sets
-PYTHONPATH), checks the model folder or GGUF file, opens every dataset file (fields, rows), and resolves the
-reward, algorithm, advantage and loss names.
+PYTHONPATH), runs the trainer's config-only start-up checks (rlfleet/config/trainer_checks.py), checks the model
+folder or GGUF file, opens every dataset file (fields, rows), and resolves the reward, algorithm, advantage and loss
+names.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from rlfleet.config import Config
+from rlfleet.config import Config, check_trainer
 from rlfleet.plugins import PluginError, load_callable, load_hooks
 from rlfleet.protocols import AdvantageEstimator, DataSource, LossFn, ModelPrepareFn, RolloutFn, SampleFilter
 
@@ -87,13 +88,15 @@ def finish_algorithm_check(proc: subprocess.Popen[str], cfg: Config) -> None:
 
 
 def check_run(cfg: Config, trainer_check: Callable[[str], str | None] | None = None) -> None:
-    """Everything `rlfleet run` needs before it starts services; raises PluginError naming the first problem.
+    """Everything `rlfleet run` needs before it starts services; raises PluginError naming the first problem, or
+    ConfigError for a trainer section the trainer would refuse at start-up (rlfleet.config.check_trainer).
 
     trainer_check: asks an interpreter that has the trainer's modules imported already (a warm trainer,
     rlfleet/local/warm_interpreters.py) for the algorithm check: the reason, "" when it passes, None when it cannot
     answer
     (then a child process checks, as without it)."""
     use_plugin_import_path()
+    check_trainer(cfg)          # the trainer's own start-up refusals, the same function it calls
     algorithm = start_algorithm_check() if trainer_check is None else None
     try:
         check_model(cfg)

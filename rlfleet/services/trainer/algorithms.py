@@ -1,4 +1,7 @@
 """Algorithm presets: trainer.algorithm names an (advantage, loss) pair; trainer.advantage / trainer.loss override.
+The presets' records (and what each advantage reads: critic, teacher, rewards only) live in the SDK,
+rlfleet/config/algorithms.py, so `rlfleet check` and the config's own checks read the same table; this module
+resolves those names to the implementations: ADVANTAGE_FACTORIES and losses.LOSSES, both name -> factory(config).
 
 | preset                | advantage              | loss        | needs                                          |
 |-----------------------|------------------------|-------------|------------------------------------------------|
@@ -30,28 +33,22 @@ from dataclasses import dataclass
 
 import torch
 
-from rlfleet.config import TrainerConfig
+from rlfleet.config import ALGORITHM_PRESETS as PRESETS
+from rlfleet.config import TrainerConfig, needs_critic, needs_teacher, reads_only_rewards
 from rlfleet.plugins import PluginError, load_callable
-from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch
+from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch, ZeroAtZeroAdvantage
 from rlfleet.services.trainer.advantages import ADVANTAGES, TOKEN_REWARDS, Gae, Grpo, ReinforcePP
 from rlfleet.services.trainer.losses import LOSSES, EntropyTerm, kl_estimate, kl_penalized
 
-# preset -> (advantage name, loss name)
-PRESETS: dict[str, tuple[str, str]] = {
-    "grpo": ("grpo", "clipped_pg"),
-    "rloo": ("rloo", "clipped_pg"),
-    "drgrpo": ("drgrpo", "drgrpo"),
-    "gspo": ("grpo", "gspo"),
-    "ppo": ("gae", "clipped_pg"),
-    "reinforce_pp": ("reinforce_pp", "clipped_pg"),
-    "reinforce_pp_baseline": ("reinforce_pp_baseline", "clipped_pg"),
-    "dapo": ("grpo", "dapo"),
-    "distill": ("distill", "clipped_pg"),
-    "sft": ("sft", "sft"),
-}
 
-# advantages that need the trainer config
+def _fixed(estimator: AdvantageEstimator) -> Callable[[TrainerConfig], AdvantageEstimator]:
+    return lambda cfg: estimator
+
+
+# built-in advantage name (rlfleet.config.ADVANTAGE_SPECS) -> factory taking the trainer config: the same shape as
+# losses.LOSSES; estimators without knobs are advantages.ADVANTAGES' instances, the others read their sub-sections
 ADVANTAGE_FACTORIES: dict[str, Callable[[TrainerConfig], AdvantageEstimator]] = {
+    **{name: _fixed(estimator) for name, estimator in ADVANTAGES.items()},
     "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam),
     "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards),
     "reinforce_pp": lambda cfg: ReinforcePP(cfg.estimator.gamma),
@@ -79,12 +76,9 @@ class KlInReward:
 def resolve_advantage(name: str, cfg: TrainerConfig | None = None) -> AdvantageEstimator:
     if name in ADVANTAGE_FACTORIES:
         return ADVANTAGE_FACTORIES[name](cfg or TrainerConfig())
-    if name in ADVANTAGES:
-        return ADVANTAGES[name]
     if ":" in name:
         return load_callable(name, "trainer.advantage", AdvantageEstimator)
-    known = sorted([*ADVANTAGES, *ADVANTAGE_FACTORIES])
-    raise PluginError(f"advantage '{name}': not a built-in ({', '.join(known)}) "
+    raise PluginError(f"advantage '{name}': not a built-in ({', '.join(sorted(ADVANTAGE_FACTORIES))}) "
                       "nor a dotted path 'package.module:attribute'")
 
 
@@ -101,8 +95,9 @@ def resolve(cfg: TrainerConfig) -> tuple[AdvantageEstimator, LossFn]:
     """The advantage estimator and loss for this trainer config; raises PluginError naming the bad field."""
     if cfg.algorithm not in PRESETS:
         raise PluginError(f"trainer.algorithm '{cfg.algorithm}': unknown preset (known: {', '.join(sorted(PRESETS))})")
-    adv_name, loss_name = PRESETS[cfg.algorithm]
-    advantage, loss = resolve_advantage(cfg.advantage or adv_name, cfg), resolve_loss(cfg.loss or loss_name, cfg)
+    preset = PRESETS[cfg.algorithm]
+    advantage = resolve_advantage(cfg.advantage or preset.advantage, cfg)
+    loss = resolve_loss(cfg.loss or preset.loss, cfg)
     if cfg.kl.coef > 0 and cfg.kl.in_reward:
         advantage = KlInReward(advantage, cfg.kl.coef, cfg.kl.estimator)
     elif cfg.kl.coef > 0:
@@ -110,23 +105,14 @@ def resolve(cfg: TrainerConfig) -> tuple[AdvantageEstimator, LossFn]:
     return advantage, EntropyTerm(loss, cfg.policy_loss.entropy_coef)
 
 
-# built-in estimators that read only rewards (never old / reference / teacher logprobs or critic values): their
-# advantages exist before the training forward, so zero-advantage rows can be left out of it
-REWARD_ONLY_ADVANTAGES = frozenset({"grpo", "rloo", "drgrpo", "reinforce_pp", "reinforce_pp_baseline"})
-
-
 def skips_zero_advantage(cfg: TrainerConfig, loss: LossFn) -> bool:
     """Whether a single-pass step may leave rows with a zero advantage at every token out of its forward: the
-    advantage is a reward-only built-in, no KL anywhere, and the loss declares `zero_at_zero_advantage` (a token
-    with advantage 0 adds 0 to it and its gradient). rlfleet/services/trainer/step.py does the rest."""
-    adv = cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]
-    return adv in REWARD_ONLY_ADVANTAGES and cfg.kl.coef == 0 and \
-        bool(getattr(loss, "zero_at_zero_advantage", False))
+    advantage is a reward-only built-in (rlfleet/config/algorithms.py), no KL anywhere, and the loss declares
+    `zero_at_zero_advantage` (rlfleet.protocols.ZeroAtZeroAdvantage: a token with advantage 0 adds 0 to it and its
+    gradient). rlfleet/services/trainer/step.py does the rest."""
+    return reads_only_rewards(cfg) and cfg.kl.coef == 0 and \
+        isinstance(loss, ZeroAtZeroAdvantage) and loss.zero_at_zero_advantage
 
 
-def needs_critic(cfg: TrainerConfig) -> bool:
-    return (cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]) == "gae"
-
-
-def needs_teacher(cfg: TrainerConfig) -> bool:
-    return (cfg.advantage or PRESETS.get(cfg.algorithm, ("", ""))[0]) == "distill"
+__all__ = ["ADVANTAGE_FACTORIES", "PRESETS", "KlInReward", "needs_critic", "needs_teacher", "resolve",
+           "resolve_advantage", "resolve_loss", "skips_zero_advantage"]

@@ -15,9 +15,10 @@ sequence-level denominator (the seq-mean modes, GSPO) counts only rows with at l
 (`policy_loss.empty_rows: exclude`, verl's convention); `include` counts every row (TRL's). The trainer puts the global
 counts in `batch.extras["seq_count"]` (rows with a valid token) and `batch.extras["row_count"]` (all rows).
 Metrics follow the same rule (this rank's share of a global mean): the trainer sums them over ranks. When the trainer
-leaves zero-advantage rows out of the forward (a loss whose `zero_at_zero_advantage` is true; step.py), the loss still
-divides by the whole batch's counts, so it and its gradient are unchanged, and the policy metrics (ratios, TIS,
-entropy) are means over the tokens that ran the forward (`batch.extras["metric_token_count"]`).
+leaves zero-advantage rows out of the forward (a loss whose `zero_at_zero_advantage` is true, the optional
+rlfleet.protocols.ZeroAtZeroAdvantage; step.py), the loss still divides by the whole batch's counts, so it and its
+gradient are unchanged, and the policy metrics (ratios, TIS, entropy) are means over the tokens that ran the forward
+(`batch.extras["metric_token_count"]`).
 
 Clamps (verl's bounds by default): the log-ratio log(pi/pi_old) to +-policy_loss.log_ratio_clamp before exp, the
 rollout log-ratio the same, k3 to +-policy_loss.kl_clamp: no NaN or inf from extreme log-probs.
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from rlfleet.config import KlConfig, PolicyLossConfig, TisConfig, TrainerConfig
-from rlfleet.protocols import LossFn, LossOutput, TrainBatch
+from rlfleet.protocols import LossFn, LossOutput, TrainBatch, ZeroAtZeroAdvantage
 from rlfleet.services.trainer.entropy import ENTROPY
 
 SEQ_COUNT = "seq_count"
@@ -355,7 +356,7 @@ class EntropyTerm:
     @property
     def zero_at_zero_advantage(self) -> bool:
         """No entropy bonus, and the inner loss says so (an entropy bonus is never zero)."""
-        return self.coef == 0 and bool(getattr(self.inner, "zero_at_zero_advantage", False))
+        return self.coef == 0 and isinstance(self.inner, ZeroAtZeroAdvantage) and self.inner.zero_at_zero_advantage
 
     def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
                  token_count: float) -> LossOutput:
@@ -409,7 +410,7 @@ def kl_penalized(loss: LossFn, kl: KlConfig, p: PolicyLossConfig) -> LossFn:
     return KlPenalizedLoss(loss, kl.coef, kl.estimator, kl.ratio_weighted, p.log_ratio_clamp, p.kl_clamp)
 
 
-# built-in loss name -> factory taking the trainer config
+# built-in loss name -> factory taking the trainer config; the names are rlfleet.config.LOSS_NAMES
 LOSSES: dict[str, Callable[[TrainerConfig], LossFn]] = {
     "clipped_pg": clipped_pg, "dapo": dapo, "drgrpo": drgrpo, "gspo": gspo, "sft": sft,
 }

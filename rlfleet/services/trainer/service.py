@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from rlfleet.config import Config, ConfigError
+from rlfleet.config import Config, ConfigError, check_trainer
 from rlfleet.plugins import load_hooks
 from rlfleet.run_dir import lineage
 from rlfleet.run_dir.atomic import write_bytes_atomic, write_text_atomic
@@ -25,7 +25,7 @@ from rlfleet.security.identity import Credential
 from rlfleet.security.signing import Signer, weight_verifier
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import resolve, skips_zero_advantage
-from rlfleet.services.trainer.backends import TrainerBackend, backend_spec, data_parallel_size, make_backend
+from rlfleet.services.trainer.backends import TrainerBackend, backend_spec, make_backend
 from rlfleet.services.trainer.backends.fsdp import init_distributed, trainer_device
 from rlfleet.services.trainer.batch import rank_groups
 from rlfleet.services.trainer.batch_check import BatchLimits, BatchUnusable, check_batch
@@ -51,17 +51,12 @@ MAX_REJECTS_IN_A_ROW = 20     # unusable batches for one step before the trainer
 
 
 def validate(cfg: Config, world_size: int) -> None:
-    """Raise ConfigError for a trainer config this world size cannot run."""
+    """Raise ConfigError for a trainer config this world size cannot run: WORLD_SIZE and the endpoints here, what
+    the config alone decides in rlfleet.config.check_trainer."""
     t = cfg.trainer
     if t.world_size != world_size:
         raise ConfigError(f"trainer.world_size={t.world_size} but WORLD_SIZE={world_size}")
-    if t.backend == "megatron" and world_size % (t.megatron.tensor_parallel * t.megatron.pipeline_parallel):
-        raise ConfigError(f"trainer.world_size={world_size} is not a multiple of trainer.megatron.tensor_parallel*"
-                          f"pipeline_parallel={t.megatron.tensor_parallel}*{t.megatron.pipeline_parallel}")
-    data_world = data_parallel_size(cfg, world_size)
-    if t.groups_per_step % (data_world * t.minibatches):
-        raise ConfigError(f"trainer.groups_per_step={t.groups_per_step} must be divisible by data-parallel "
-                          f"ranks*minibatches={data_world}*{t.minibatches}: each rank trains on whole groups")
+    check_trainer(cfg)          # the refusals `rlfleet check` gives too (rlfleet/config/trainer_checks.py)
     for name in ("buffer", "weight_sync", "trainer", "trainer_data"):
         if not getattr(cfg.endpoints, name):
             raise ConfigError(f"endpoints.{name} is empty")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch
+from rlfleet.protocols import AdvantageEstimator, LossFn, NeedsOldLogprobs, TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.advantages import ALL_REDUCE_SUM, RETURNS
 from rlfleet.services.trainer.batch import batch_to, build_train_batch, forward_logprobs, select_rows
@@ -67,9 +67,10 @@ def _logprobs(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext) -> to
 def uses_single_pass(ctx: StepContext) -> bool:
     """True when the batch feeds exactly one optimizer step, so the policy that computed old logprobs is the one
     being trained: old == current, and the no-grad forward would only repeat the training forward. A hook that
-    must see old logprobs before the training forward says so with `needs_old_logprobs = True`."""
+    must see old logprobs before the training forward says so with `needs_old_logprobs = True`
+    (rlfleet.protocols.NeedsOldLogprobs)."""
     return ctx.single_pass and ctx.minibatches == 1 and \
-        not any(getattr(h, "needs_old_logprobs", False) for h in ctx.hooks)
+        not any(isinstance(h, NeedsOldLogprobs) and h.needs_old_logprobs for h in ctx.hooks)
 
 
 def prepare_batch(model: torch.nn.Module, batch: TrainBatch, ctx: StepContext,

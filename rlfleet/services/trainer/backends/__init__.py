@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 import torch
 
-from rlfleet.config import Config
+from rlfleet.config import Config, megatron_data_parallel_size
 from rlfleet.services.trainer.backends.contract import BackendSpec, TrainerBackend
 
 
@@ -27,8 +27,7 @@ def _make_megatron(cfg: Config, rank: int, world_size: int, device: torch.device
 
 
 def _megatron_data_parallel(cfg: Config, world_size: int) -> int:
-    m = cfg.trainer.megatron
-    return max(world_size // (m.tensor_parallel * m.pipeline_parallel), 1)
+    return megatron_data_parallel_size(cfg.trainer, world_size)
 
 
 def _release_megatron() -> None:

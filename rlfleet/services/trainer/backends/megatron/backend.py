@@ -17,9 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlfleet.config import Config
+from rlfleet.config import Config, check_megatron, megatron_unsupported
 from rlfleet.sample import Sample
-from rlfleet.services.trainer.algorithms import needs_critic, needs_teacher
 from rlfleet.services.trainer.backends.megatron import checkpoint as megatron_checkpoint
 from rlfleet.services.trainer.backends.megatron.convert import MG_OUTPUT, Layout, hf_to_megatron, tp_dim
 from rlfleet.services.trainer.backends.megatron.gather import full_state_dict
@@ -61,19 +60,9 @@ def init_model_parallel(tp: int, pp: int, world_size: int) -> None:
 
 
 def unsupported(cfg: Config) -> list[str]:
-    """Trainer features the Megatron backend does not implement (yet), as config field names."""
-    t = cfg.trainer
-    checks = {
-        "trainer.lora.rank > 0": getattr(getattr(t, "lora", None), "rank", 0) > 0,
-        "trainer.packing.enabled": getattr(getattr(t, "packing", None), "enabled", False),
-        "trainer.routing_replay": getattr(t, "routing_replay", False),
-        "trainer.kl.coef > 0": getattr(getattr(t, "kl", None), "coef", 0.0) > 0,
-        f"trainer.algorithm {t.algorithm} (a critic)": needs_critic(t),
-        f"trainer.algorithm {t.algorithm} (a teacher model)": needs_teacher(t),
-        "trainer.on_policy": getattr(t, "on_policy", False),
-        "trainer.policy_loss.entropy_coef > 0": getattr(getattr(t, "policy_loss", None), "entropy_coef", 0.0) > 0,
-    }
-    return [name for name, used in checks.items() if used]
+    """Trainer features the Megatron backend does not implement (yet), as config field names (the table lives in
+    rlfleet/config/trainer_checks.py, so `rlfleet check` refuses them too)."""
+    return megatron_unsupported(cfg.trainer)
 
 
 def compute_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
@@ -95,9 +84,7 @@ class MegatronBackend:
                  hooks: Sequence[object] = ()) -> None:
         from megatron.core import parallel_state, tensor_parallel
 
-        missing = unsupported(cfg)
-        if missing:
-            raise ValueError(f"trainer.backend megatron does not support {', '.join(missing)}; use the fsdp backend")
+        check_megatron(cfg.trainer)
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         m = cfg.trainer.megatron
         init_model_parallel(m.tensor_parallel, m.pipeline_parallel, world_size)
