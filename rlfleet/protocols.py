@@ -93,6 +93,17 @@ class RolloutContext(Protocol):
     def encode_prompt(self, prompt: Prompt) -> list[int]: ...
 
 
+@runtime_checkable
+class ScoresGroups(Protocol):
+    """Optional for a RolloutContext: scores several finished samples of one group in one call (one hand-off to the
+    reward's thread), and says whether the reward is batched (it must see the whole group at once). The rollout
+    service's contexts declare it; a context without it is scored one sample at a time."""
+
+    batched_reward: bool
+
+    def score_group(self, prompt: Prompt, samples: list[Sample]) -> list[Sample]: ...
+
+
 @dataclass(frozen=True)
 class GroupTicket:
     group_id: str

@@ -108,7 +108,7 @@ def test_acknowledged_means_fsynced_and_concurrent_puts_share_fsyncs(tmp_path: P
 def test_everysec_is_named_for_what_it_loses() -> None:
     field = BufferConfig.model_fields["fsync"]
     assert field.default == "always"
-    source = Path(__file__).parents[2].joinpath("rlfleet", "config.py").read_text()
+    source = Path(__file__).parents[2].joinpath("rlfleet", "config", "buffer.py").read_text()
     assert "everysec: loses up to ~1 s of acknowledged samples" in source
 
 

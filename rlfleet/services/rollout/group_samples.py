@@ -14,8 +14,8 @@ from rlfleet.services.rollout.messages import sample_seed, status_of
 def submit_group(ctx: RolloutContext, prompt_ids: list[int], ticket: GroupTicket) -> list[Future[Generation]]:
     """The group's group_size engine requests, sample i with the config sampling and its own seed from the run
     seed, the group id and i (a sample's draws never depend on what else the engine runs)."""
-    run_seed = getattr(ctx, "run_seed", 0)
-    return [ctx.generate(prompt_ids, dataclasses.replace(ctx.sampling, seed=sample_seed(run_seed, ticket.group_id, i)))
+    return [ctx.generate(prompt_ids, dataclasses.replace(ctx.sampling, seed=sample_seed(ctx.run_seed, ticket.group_id,
+                                                                                        i)))
             for i in range(ticket.group_size)]
 
 
@@ -33,7 +33,7 @@ def sample_of(ctx: RolloutContext, prompt_ids: list[int], ticket: GroupTicket, i
     sample.weight_version, sample.status = gen.weight_version, status_of(gen.finish_reason)
     if sample.status == Status.ABORTED:
         sample.status_reason = f"engine finish_reason '{gen.finish_reason}'"
-    versions = tuple(getattr(gen, "token_versions", ()) or ())
+    versions = tuple(gen.token_versions)
     if versions and len(set(versions)) > 1:          # the weights changed mid-sequence (in-place update)
         sample.token_versions = list(versions)
     if gen.routed_experts is not None:               # MoE: per-token expert ids for routing replay (R3)

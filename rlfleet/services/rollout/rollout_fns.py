@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, wait
 
-from rlfleet.protocols import GroupTicket, Prompt, RolloutContext
+from rlfleet.protocols import GroupTicket, Prompt, RolloutContext, ScoresGroups
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.group_collector import CollectedRolloutFn
 from rlfleet.services.rollout.group_samples import sample_of, submit_group
@@ -21,8 +21,8 @@ def _single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> It
     prompt_ids = ctx.encode_prompt(prompt)
     futures = {f: i for i, f in enumerate(submit_group(ctx, prompt_ids, ticket))}
     held: list[Sample] = []                          # a batched reward scores the group at once, at the end
-    batched = bool(getattr(ctx, "batched_reward", False))
-    score_group = getattr(ctx, "score_group", None)
+    scoring = ctx if isinstance(ctx, ScoresGroups) else None
+    batched = scoring is not None and scoring.batched_reward
     pending = set(futures)
     while pending:
         done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -32,12 +32,12 @@ def _single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> It
         yield from failed
         if batched:
             held += scorable
-        elif score_group is not None:
-            yield from score_group(prompt, scorable)
+        elif scoring is not None:
+            yield from scoring.score_group(prompt, scorable)
         else:
             yield from (ctx.score(prompt, s) for s in scorable)
-    if held:
-        yield from ctx.score_group(prompt, held)  # type: ignore[attr-defined]
+    if held and scoring is not None:
+        yield from scoring.score_group(prompt, held)
 
 
 single_turn = CollectedRolloutFn(_single_turn, SingleTurnGroups)

@@ -139,9 +139,8 @@ class FsdpBackend:
                                         self.compute_dtype)
         self.reference = FrozenScorer(cfg.model_path, device, self._shard, self._forward) if t.kl.coef > 0 else None
         self.teacher = None
-        if needs_teacher(t):
-            if not t.teacher.model_path:
-                raise ValueError(f"trainer.algorithm {t.algorithm} needs trainer.teacher.model_path")
+        if needs_teacher(t):        # a teacher algorithm without a teacher path: refused by check_trainer (config)
+            assert t.teacher.model_path, "rlfleet.config.check_trainer refuses this config"
             self.teacher = FrozenScorer(t.teacher.model_path, device, self._shard, self._forward)
         self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, t.betas,
                              fused=cfg.perf.fused_optimizer) \

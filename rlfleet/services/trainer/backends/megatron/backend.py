@@ -68,7 +68,7 @@ def unsupported(cfg: Config) -> list[str]:
 def compute_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
     """The autocast dtype (None: fp32 compute). trainer.precision auto: bf16 on CUDA, fp32 on CPU; parameters and
     AdamW state stay fp32 (master weights) either way."""
-    precision = getattr(cfg.trainer, "precision", "auto")
+    precision = cfg.trainer.precision
     if precision == "fp32" or device.type != "cuda":
         return None
     if precision == "bf16":
@@ -99,7 +99,7 @@ class MegatronBackend:
         hf_config, hf_state = _load_hf_state(cfg.model_path)
         self.shape = model_shape(hf_config)
         self.config = transformer_config(self.shape, self.layout.tp, self.layout.pp, device, Precision(compute=compute),
-                                         recompute=bool(getattr(cfg.trainer, "activation_checkpointing", False)))
+                                         recompute=cfg.trainer.activation_checkpointing)
         model = build_gpt_model(self.shape, self.config, self.layout.first_stage, self.layout.last_stage)
         model.load_state_dict(hf_to_megatron(self.shape, hf_state, self.layout), strict=True)
         del hf_state
