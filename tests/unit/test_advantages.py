@@ -6,16 +6,11 @@ import torch
 
 from rlfleet.protocols import TrainBatch
 from rlfleet.services.trainer.advantages import GRPO_EPS, group_normalized_rewards, grpo
+from tests.support.train_batches import train_batch
 
 
 def _batch(rewards: list[float], groups: list[int], mask: list[list[float]]) -> TrainBatch:
-    s, t = len(rewards), len(mask[0]) if mask else 0
-    return TrainBatch(input_ids=torch.zeros(s, 1, dtype=torch.int64),
-                      attention_mask=torch.ones(s, 1, dtype=torch.int64),
-                      response_mask=torch.tensor(mask, dtype=torch.float32).reshape(s, t),
-                      response_start=torch.zeros(s, dtype=torch.int64), rollout_logprobs=torch.zeros(s, t),
-                      rewards=torch.tensor(rewards), group_index=torch.tensor(groups, dtype=torch.int64),
-                      weight_versions=torch.zeros(s, dtype=torch.int64), sample_ids=[str(i) for i in range(s)])
+    return train_batch(mask, rewards=rewards, groups=groups)
 
 
 def test_group_normalisation_hand_values() -> None:

@@ -23,6 +23,7 @@ from rlfleet.services.trainer.advantages import (
     sft,
 )
 from rlfleet.services.trainer.algorithms import PRESETS, resolve
+from tests.support.train_batches import train_batch
 
 # rows: group 0 = rows 0-2, group 1 = rows 3-4 (all-equal rewards), group 2 = row 5 (empty response)
 REWARDS = [1.0, 0.0, 3.0, 2.0, 2.0, 5.0]
@@ -32,14 +33,7 @@ MASK = [[1, 1, 0], [1, 1, 1], [1, 0, 1], [1, 1, 0], [0, 0, 0], [0, 0, 0]]
 
 def _batch(rewards: list[float] = REWARDS, groups: list[int] = GROUPS, mask: list[list[int]] = MASK,
            **extra: torch.Tensor) -> TrainBatch:
-    s, t = len(rewards), len(mask[0])
-    return TrainBatch(input_ids=torch.zeros(s, 1, dtype=torch.int64),
-                      attention_mask=torch.ones(s, 1, dtype=torch.int64),
-                      response_mask=torch.tensor(mask, dtype=torch.float32).reshape(s, t),
-                      response_start=torch.zeros(s, dtype=torch.int64), rollout_logprobs=torch.zeros(s, t),
-                      rewards=torch.tensor(rewards), group_index=torch.tensor(groups, dtype=torch.int64),
-                      weight_versions=torch.zeros(s, dtype=torch.int64), sample_ids=[str(i) for i in range(s)],
-                      **extra)
+    return train_batch(mask, rewards=rewards, groups=groups, **extra)
 
 
 def _ref_group(rewards: list[float], groups: list[int], scale: bool) -> list[float]:

@@ -15,6 +15,7 @@ from rlfleet.sample import Sample
 from rlfleet.services.trainer.advantages import ALL_REDUCE_SUM, RETURNS, Gae, Grpo, ReinforcePP, gae_advantages, rloo
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.batch import build_train_batch
+from tests.support.train_batches import train_batch
 
 # group 0: 1, 0, 0, 1; group 1: all equal; group 2: one sample; group 3: 3, 1 and an empty response (reward 2)
 REWARDS = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 7.0, 3.0, 1.0, 2.0]
@@ -23,16 +24,10 @@ EMPTY = 10
 
 
 def _batch(rewards=REWARDS, groups=GROUPS, mask=None, **extra) -> TrainBatch:
-    s = len(rewards)
-    m = torch.ones(s, 2) if mask is None else torch.tensor(mask, dtype=torch.float32)
+    m = torch.ones(len(rewards), 2) if mask is None else torch.tensor(mask, dtype=torch.float32)
     if mask is None:
         m[EMPTY] = 0.0
-    return TrainBatch(input_ids=torch.zeros(s, 1, dtype=torch.int64),
-                      attention_mask=torch.ones(s, 1, dtype=torch.int64),
-                      response_mask=m, response_start=torch.zeros(s, dtype=torch.int64),
-                      rollout_logprobs=torch.zeros_like(m), rewards=torch.tensor(rewards),
-                      group_index=torch.tensor(groups), weight_versions=torch.zeros(s, dtype=torch.int64),
-                      sample_ids=[str(i) for i in range(s)], **extra)
+    return train_batch(m, rewards=rewards, groups=groups, **extra)
 
 
 def _members(i: int) -> list[int]:

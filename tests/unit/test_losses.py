@@ -13,16 +13,11 @@ from rlfleet.protocols import LossOutput, TrainBatch
 from rlfleet.services.trainer.advantages import grpo
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.losses import ClippedPolicyLoss, EntropyTerm, importance_weights
+from tests.support.train_batches import train_batch
 
 
 def _batch(mask: list[list[float]], old: list[list[float]], rollout: list[list[float]]) -> TrainBatch:
-    s = len(mask)
-    return TrainBatch(input_ids=torch.zeros(s, 1, dtype=torch.int64),
-                      attention_mask=torch.ones(s, 1, dtype=torch.int64),
-                      response_mask=torch.tensor(mask), response_start=torch.zeros(s, dtype=torch.int64),
-                      rollout_logprobs=torch.tensor(rollout), rewards=torch.zeros(s),
-                      group_index=torch.zeros(s, dtype=torch.int64), weight_versions=torch.zeros(s, dtype=torch.int64),
-                      sample_ids=[str(i) for i in range(s)], old_logprobs=torch.tensor(old))
+    return train_batch(mask, old=old, rollout=rollout)
 
 
 # token 0: ratio 1; token 1: ratio e^0.5 (clipped at 1 + 0.28); token 2: masked, with extreme values

@@ -23,6 +23,7 @@ from rlfleet.services.trainer.losses import (
     kl_estimate,
 )
 from rlfleet.services.trainer.step_totals import effective_sample_size
+from tests.support.train_batches import train_batch
 
 LOGP = [[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0], [-1.5, -1.5, -1.5]]
 OLD = [[-1.1, -1.6, -0.5], [-0.2, -3.3, -2.0], [-1.0, -1.0, -1.0]]
@@ -36,14 +37,8 @@ TIS = TisConfig(mode="tis", clip=1.3)
 def _batch(mask: list[list[int]] = MASK, /, **extras: float) -> TrainBatch:
     s = len(mask)
     t = len(mask[0]) if mask else 0
-    cut = lambda rows: torch.tensor([r[:t] for r in rows][:s], dtype=torch.float32).reshape(s, t)  # noqa: E731
-    return TrainBatch(input_ids=torch.zeros(s, 1, dtype=torch.int64),
-                      attention_mask=torch.ones(s, 1, dtype=torch.int64),
-                      response_mask=torch.tensor(mask, dtype=torch.float32).reshape(s, t),
-                      response_start=torch.zeros(s, dtype=torch.int64), rollout_logprobs=cut(ROLL),
-                      rewards=torch.zeros(s), group_index=torch.zeros(s, dtype=torch.int64),
-                      weight_versions=torch.zeros(s, dtype=torch.int64), sample_ids=[str(i) for i in range(s)],
-                      old_logprobs=cut(OLD), ref_logprobs=cut(REF), extras=dict(extras))
+    cut = lambda rows: [r[:t] for r in rows][:s]  # noqa: E731
+    return train_batch(mask, rollout=cut(ROLL), old=cut(OLD), ref=cut(REF), extras=dict(extras))
 
 
 def _tis_w(old: float, roll: float, tis: TisConfig = TIS) -> float:

@@ -26,6 +26,7 @@ from rlfleet.services.trainer.losses import (
     SftLoss,
     kl_estimate,
 )
+from tests.support.train_batches import train_batch
 
 # row 0: ratio 5 with A < 0 (dual-clip bites), ratio 2 with A < 0, ratio 0.5; row 1: A > 0 with ratios 5 and 0.7;
 # row 2: an empty response (fully masked); row 3: one valid token
@@ -44,15 +45,7 @@ def _cells(mask: list[list[int]] = MASK):
 
 
 def _batch(logp_old=OLD, **extras) -> TrainBatch:
-    s = len(MASK)
-    return TrainBatch(input_ids=torch.zeros(s, 1, dtype=torch.int64),
-                      attention_mask=torch.ones(s, 1, dtype=torch.int64),
-                      response_mask=torch.tensor(MASK, dtype=torch.float32),
-                      response_start=torch.zeros(s, dtype=torch.int64),
-                      rollout_logprobs=torch.tensor(ROLL), rewards=torch.zeros(s),
-                      group_index=torch.zeros(s, dtype=torch.int64), weight_versions=torch.zeros(s, dtype=torch.int64),
-                      sample_ids=[str(i) for i in range(s)], old_logprobs=torch.tensor(logp_old),
-                      ref_logprobs=torch.tensor(REF), extras=dict(extras))
+    return train_batch(MASK, rollout=ROLL, old=logp_old, ref=REF, extras=dict(extras))
 
 
 def _run(loss_fn, logp=LOGP, adv=ADV, token_count: float | None = None, **extras):
