@@ -1,4 +1,8 @@
-"""The fast paths' off-switches (the `perf` section)."""
+"""The fast paths' off-switches (the `perf` section), grouped by the component that owns each.
+
+One flat `perf:` section in YAML (every key as before); in code it is the union of one class per owner, so a
+reader sees which service a switch changes: TrainerPerf, EnginePerf, RolloutPerf and CpuPerf (both sides).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ from pydantic import Field
 from rlfleet.config.section import Section
 
 
-class PerfConfig(Section):
-    """The fast paths' off-switches."""
+class TrainerPerf(Section):
+    """The trainer's fast paths (rlfleet/services/trainer/: step.py, fast_paths/, optimizer.py)."""
 
     single_pass: bool = Field(True, description="minibatches 1: old logprobs from the training forward.")
     skip_zero_advantage: bool = Field(True, description="Single pass with a policy-gradient loss (no KL, entropy "
@@ -26,15 +30,13 @@ class PerfConfig(Section):
                                   "faster optimizer step; rounding differs ~1e-8 from the per-tensor loop).")
     trainer_fused_norm: bool = Field(True, description="FSDP trainer, float32 compute: RMSNorm as one fused op "
                                      "(F.rms_norm; trainer/fast_paths/fused_norm.py), same math, rounding ~1e-7.")
-    single_turn_collector: bool = Field(True, description="Rollout: the built-in single_turn runs every group on "
-                                        "one collector thread, not a thread per group (same samples; "
-                                        "services/rollout/single_turn_groups.py).")
+
+
+class EnginePerf(Section):
+    """The torch engine's fast paths (rlfleet/services/rollout/engines/lean_llama/)."""
+
     engine_fast_decode: bool = Field(True, description="torch engine: lean Llama-family packed prefill and decode "
                                      "step on fused q/k/v and gate/up weights (engines/lean_llama/).")
-    onednn_linear: bool = Field(True, description="CPU: the torch engine's lean step and the float32 trainer's "
-                                "linears run through oneDNN (rlfleet/cpu_kernels/onednn.py; ~2x MKL on AMD "
-                                "CPUs, "
-                                "rounding ~1e-6 apart); false: torch's own ops (MKL).")
     native_attention: bool = Field(True, description="CPU with AVX-512, one engine thread: the torch engine's lean "
                                    "decode step runs attention as a C kernel built at first use with the system C "
                                    "compiler (engines/lean_llama/native_attention.py; ~2x torch's ops); false, or no "
@@ -42,3 +44,24 @@ class PerfConfig(Section):
                                    "torch's ops.")
     engine_compile: bool = Field(False, description="torch engine: torch.compile that step (needs a compiler; slow "
                                  "start).")
+
+
+class RolloutPerf(Section):
+    """The rollout service's fast paths (rlfleet/services/rollout/)."""
+
+    single_turn_collector: bool = Field(True, description="Rollout: the built-in single_turn runs every group on "
+                                        "one collector thread, not a thread per group (same samples; "
+                                        "services/rollout/single_turn_groups.py).")
+
+
+class CpuPerf(Section):
+    """CPU kernels both the trainer and the torch engine use (rlfleet/cpu_kernels/)."""
+
+    onednn_linear: bool = Field(True, description="CPU: the torch engine's lean step and the float32 trainer's "
+                                "linears run through oneDNN (rlfleet/cpu_kernels/onednn.py; ~2x MKL on AMD "
+                                "CPUs, "
+                                "rounding ~1e-6 apart); false: torch's own ops (MKL).")
+
+
+class PerfConfig(CpuPerf, RolloutPerf, EnginePerf, TrainerPerf):
+    """The fast paths' off-switches: every owner's, in one section."""
