@@ -14,6 +14,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LOGPROB_TOLERANCE = 1e-3     # a log-probability is <= 0; float rounding in an engine's log_softmax stays far below
+MAX_VERSION = 2**63 - 1      # weight_version (uint64 on the wire) must fit the trainer's int64 tensors
+MAX_MOE_LAYERS = 256         # routed_experts.num_layers: 1..this (DeepSeek-V3 has 61 MoE layers, Qwen3-235B 94)
+MAX_TOP_K = 64               # routed_experts.top_k: 1..this (and <= the model's expert count when known)
+MAX_EXPERT_ID = 2**15 - 1    # the trainer lays routes out as int16 (routing_replay.routes_tensor)
 
 
 @dataclass(frozen=True)
@@ -21,17 +25,20 @@ class SampleLimits:
     vocab_size: int | None = None          # token ids must be < this
     num_experts: int | None = None         # routed expert ids must be < this
     max_weight_version: int | None = None  # weight_version / token_versions must be <= this
+    max_expert_id: int | None = None       # routed expert ids must be <= this (the trainer's: MAX_EXPERT_ID)
 
 
 def model_limits(model_path: Path) -> SampleLimits:
-    """vocab_size and the expert count from a Hugging Face model folder's config.json (None where unknown)."""
+    """vocab_size and the expert count from a Hugging Face model folder's config.json (None where unknown), and the
+    largest expert id the trainer can lay out."""
     try:
         cfg = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError) as exc:
         log.warning("no model config.json at %s (%s): token ids are not checked against the vocabulary", model_path,
                     exc)
-        return SampleLimits()
+        return SampleLimits(max_expert_id=MAX_EXPERT_ID)
     text = cfg.get("text_config", cfg)
     experts = next((text[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if text.get(k)), None)
     vocab = text.get("vocab_size")
-    return SampleLimits(vocab_size=int(vocab) if vocab else None, num_experts=int(experts) if experts else None)
+    return SampleLimits(vocab_size=int(vocab) if vocab else None, num_experts=int(experts) if experts else None,
+                        max_expert_id=MAX_EXPERT_ID)

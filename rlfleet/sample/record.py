@@ -9,7 +9,13 @@ from typing import cast
 
 import numpy as np
 
-from rlfleet.sample.limits import LOGPROB_TOLERANCE, SampleLimits
+from rlfleet.sample.limits import (
+    LOGPROB_TOLERANCE,
+    MAX_MOE_LAYERS,
+    MAX_TOP_K,
+    MAX_VERSION,
+    SampleLimits,
+)
 from rlfleet.sample.packed_arrays import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32, unpack_u8
 from rlfleet.v1 import sample_pb2
 
@@ -149,7 +155,11 @@ _STATUSES = frozenset(int(s) for s in Status)
 def validate_message(msg: sample_pb2.Sample, limits: SampleLimits | None = None) -> None:
     """Raise SampleError when a Sample message is malformed or out of bounds, naming the field.
 
-    Cheap: each bytes field is read once as a numpy view. `limits`: vocabulary, expert count, newest version.
+    The one check of what the trainer will decode: the buffer's Put runs it (rlfleet.sample.batch_check) and so does
+    the trainer's batch check, and a message it accepts decodes with Sample.from_proto and builds a TrainBatch
+    (rlfleet.services.trainer.batch.build_train_batch, routes included) without an exception
+    (tests/security/test_put_to_trainer.py). Cheap: each bytes field is read once as a numpy view.
+    `limits`: vocabulary, expert count, newest version.
     """
     check_fields(msg)
     if msg.status != sample_pb2.SAMPLE_STATUS_FAILED and msg.rollout_logprobs and not np.isfinite(
@@ -166,6 +176,8 @@ def check_fields(msg: sample_pb2.Sample) -> None:
         raise SampleError(f"index {msg.index} outside group_size {msg.group_size}")
     if msg.status not in _STATUSES:
         raise SampleError(f"unknown status {msg.status}")
+    if msg.weight_version > MAX_VERSION:
+        raise SampleError(f"weight_version {msg.weight_version} does not fit int64")
     if not math.isfinite(msg.reward):
         raise SampleError(f"reward is {msg.reward}")
     if msg.reward_parts and any(not math.isfinite(v) for v in msg.reward_parts.values()):
@@ -190,6 +202,9 @@ def check_fields(msg: sample_pb2.Sample) -> None:
         width = 1 if re.bits == 8 else 2 if re.bits == 16 else 0
         if width == 0:
             raise SampleError(f"routed_experts.bits is {re.bits}, not 8 or 16")
+        if not (1 <= re.num_layers <= MAX_MOE_LAYERS and 1 <= re.top_k <= MAX_TOP_K):
+            raise SampleError(f"routed_experts is [{re.num_layers} layers, top_k {re.top_k}]; layers must be "
+                              f"1..{MAX_MOE_LAYERS} and top_k 1..{MAX_TOP_K}")
         if len(re.ids) != tokens * re.num_layers * re.top_k * width:
             raise SampleError("routed_experts size disagrees with response length")
         if re.free_rows and len(re.free_rows) != tokens:
@@ -222,9 +237,18 @@ def _check_bounds(msg: sample_pb2.Sample, limits: SampleLimits) -> None:
             tv = np.frombuffer(msg.token_versions, dtype="<i4")
             if int(tv.min()) < 0 or int(tv.max()) > newest:
                 raise SampleError(f"token_versions outside 0..{newest} (the published versions)")
-    if limits.num_experts is not None and msg.HasField("routed_experts") and msg.routed_experts.ids:
-        re = msg.routed_experts
-        ids = np.frombuffer(re.ids, dtype=np.uint8 if re.bits == 8 else "<u2")
-        if int(ids.max()) >= limits.num_experts:
-            raise SampleError(f"routed_experts.ids holds expert {int(ids.max())}, outside the model's "
-                              f"{limits.num_experts} experts")
+    if msg.HasField("routed_experts"):
+        _check_routes(msg.routed_experts, limits)
+
+
+def _check_routes(re: sample_pb2.RoutedExperts, limits: SampleLimits) -> None:
+    if limits.num_experts is not None and re.top_k > limits.num_experts:
+        raise SampleError(f"routed_experts.top_k {re.top_k} is more than the model's {limits.num_experts} experts")
+    if not re.ids:
+        return
+    top = int(np.frombuffer(re.ids, dtype=np.uint8 if re.bits == 8 else "<u2").max())
+    if limits.num_experts is not None and top >= limits.num_experts:
+        raise SampleError(f"routed_experts.ids holds expert {top}, outside the model's {limits.num_experts} experts")
+    if limits.max_expert_id is not None and top > limits.max_expert_id:
+        raise SampleError(f"routed_experts.ids holds expert {top}, over {limits.max_expert_id} (the trainer lays "
+                          "routes out as int16)")

@@ -84,7 +84,7 @@ def routes_tensor(samples: Sequence[Sample], seq_len: int) -> torch.Tensor | Non
     layers, k = shapes.pop()
     routes = np.full((len(samples), seq_len, layers, k), FREE, dtype=np.int16)      # [S, L, layers, K]
     for row, s in enumerate(samples):
-        if s.routed_experts is None:
+        if s.routed_experts is None or not len(s.routed_experts.ids):    # no response token: nothing to replay
             continue
         ids = s.routed_experts.ids                                                   # [T, layers, K]
         if len(ids) != len(s.response_ids):
