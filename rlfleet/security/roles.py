@@ -70,8 +70,12 @@ def _own_peer(request: Any, role: str, name: str) -> str | None:
 
 
 def _own_samples(request: Any, role: str, name: str) -> str | None:
+    """A replica puts only samples that name it: an empty replica_id is refused too (the buffer then skipped the
+    check that the group's ticket is the caller's, and the victim's own samples counted as duplicates)."""
+    if role != "rollout":
+        return None
     for s in request.samples:
-        if s.replica_id and s.replica_id != name:
+        if s.replica_id != name:
             return f"samples[].replica_id '{s.replica_id}' is not the caller's own identity '{name}'"
     return None
 

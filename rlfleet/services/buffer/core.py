@@ -132,6 +132,7 @@ class BufferCore:
         self.metrics, self.clock = metrics, clock
         self.gate = Gate.of(settings.groups_per_step, settings.over_sample, settings.publish_every,
                             settings.max_staleness)
+        self.share = settings.fair_share(self.gate.per_step)    # tickets one replica may hold (None: no cap)
         self._cond = threading.Condition()
         self._lineage = LineageCheck(keep=4 * settings.capacity + 1024)
         self._told: set[str] = set()     # cancelled groups some Claim reply has listed (memory only: early wake-ups)
@@ -155,6 +156,10 @@ class BufferCore:
         so no acknowledged sample depends on a ticket a power loss could take; a ticket lost that way is issued
         again, and the holder's Puts for it are refused (never issued) or dropped (superseded_lease)."""
         end = time.monotonic() + max(0.0, wait)
+        newest = self._newest_version()
+        if newest is not None and weight_version > newest:
+            raise InvalidRequest(f"weight_version {weight_version} is more than {self.version_lead} ahead of the "
+                                 f"last policy version reported ({self.state.policy_version})")
         with self._cond:
             if restarted:
                 self._ensure_loaded()
@@ -165,8 +170,10 @@ class BufferCore:
                 cancelled = self._cancelled_of(replica_id)
                 if self.finished:
                     return ClaimResult([], True, "finished", cancelled)
-                tickets, reason = (self._issue(replica_id, weight_version, max_groups) if max_groups > 0
-                                   else ([], "no tickets asked for"))
+                allowed = self._allowed_tickets(replica_id, max_groups)
+                tickets, reason = (self._issue(replica_id, weight_version, allowed) if allowed > 0
+                                   else ([], "no tickets asked for" if max_groups <= 0 else
+                                         f"fair share: {replica_id} holds {self.share} tickets already"))
                 remaining = end - time.monotonic()
                 news = not self._told.issuperset(cancelled)
                 # The replica's weight version cannot change during this call: waiting on staleness only adds latency.
@@ -174,6 +181,14 @@ class BufferCore:
                     self._told.update(cancelled)
                     return ClaimResult(tickets, False, "" if tickets else reason, cancelled)
                 self._cond.wait(min(remaining, self._until_next_expiry()))
+
+    def _allowed_tickets(self, replica: str, max_groups: int) -> int:
+        """max_groups, cut to what the replica may still take of its fair share (BufferSettings.fair_share)."""
+        if self.share is None:
+            return max_groups
+        now = self.clock()
+        held = sum(1 for g in self.state.open.values() if g.replica == replica and g.deadline > now)
+        return max(0, min(max_groups, self.share - held))
 
     def wake(self) -> None:
         """Wake every waiting call to re-check (e.g. a caller went away)."""

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import grpc
 
 from rlfleet.run_dir.lineage import Epoch
+from rlfleet.security.identity import peer_of
 from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.errors import (
     BufferFull,
@@ -68,6 +69,10 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                                      cancelled=res.cancelled)
 
     def Put(self, request: buffer_pb2.PutRequest, context: grpc.ServicerContext) -> buffer_pb2.PutReply:
+        peer = peer_of(context)
+        if peer is not None and peer.role == "rollout":     # mTLS: the certificate, not the message, says who put it
+            for s in request.samples:
+                s.replica_id = peer.name
         res = self._call(context, lambda: self.core.put(request.samples, _wait(request.wait_seconds, context)))
         return buffer_pb2.PutReply(accepted=res.accepted, duplicates=res.duplicates, cancelled=res.cancelled,
                                    outcomes=res.outcomes)
