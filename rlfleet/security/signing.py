@@ -1,6 +1,6 @@
 """Ed25519 signatures over weight versions and checkpoints; BLAKE3 digests of tensors and files.
 
-A weight version is signed over its canonical statement: version, step, adapter flag, options and, per tensor,
+A weight version is signed over its canonical statement: version, epoch, step, adapter flag, options and, per tensor,
 name, dtype, shape, byte count and BLAKE3 digest (not the transport's routing fields: a changed endpoint or bucket
 placement can only make the bytes disagree with the signed digests). The key lives with the trainer only; replicas
 hold the public key and refuse a version that is unsigned, signed by another key, or whose tensors hash otherwise.
@@ -110,7 +110,8 @@ class Verifier:
 
 def manifest_statement(manifest: Any) -> bytes:
     """The canonical bytes a weight manifest's signature covers."""
-    body = {"version": int(manifest.version), "step": int(manifest.step), "adapter_only": bool(manifest.adapter_only),
+    body = {"version": int(manifest.version), "epoch": int(manifest.epoch), "step": int(manifest.step),
+            "adapter_only": bool(manifest.adapter_only),
             "options": dict(sorted(manifest.options.items())),
             "tensors": [[e.name, e.dtype, [int(d) for d in e.shape], int(e.nbytes), e.blake3]
                         for e in manifest.tensors]}
@@ -158,11 +159,18 @@ def sign_manifest(manifest: Any, digests: dict[str, str], signer: Signer) -> Non
     manifest.signature = signer.sign(WEIGHTS_CONTEXT, manifest_statement(manifest))
 
 
+def verify_manifest(manifest: Any, verifier: Verifier) -> None:
+    """Raise SignatureError unless the manifest's statement (version, epoch, tensor list and digests) is signed by
+    the run's key. A replica checks it before anything else: before it changes any state or allocates a byte."""
+    verifier.check(WEIGHTS_CONTEXT, manifest_statement(manifest), manifest.signature,
+                   f"weight version {manifest.version} (epoch {manifest.epoch})")
+
+
 def verify_weights(manifest: Any, tensors: Sequence[tuple[str, torch.Tensor]], verifier: Verifier) -> None:
     """Raise SignatureError unless the manifest is signed by the run's key and every tensor hashes to its entry
     (HashedTensors: to the digest its receiver computed from the received bytes)."""
     what = f"weight version {manifest.version}"
-    verifier.check(WEIGHTS_CONTEXT, manifest_statement(manifest), manifest.signature, what)
+    verify_manifest(manifest, verifier)
     entries = list(manifest.tensors)
     if [n for n, _ in tensors] != [e.name for e in entries]:
         raise SignatureError(f"{what}: received tensors are not the signed list")

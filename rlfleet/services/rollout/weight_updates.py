@@ -18,7 +18,7 @@ import grpc
 import torch
 
 from rlfleet.security.identity import Credential
-from rlfleet.security.signing import SignatureError, Verifier, verify_weights
+from rlfleet.security.signing import SignatureError, Verifier, verify_manifest, verify_weights
 from rlfleet.services.rollout.engines.base import Pausable, WeightLoadTarget, on_engine_thread
 from rlfleet.services.rollout.engines.lora import LoraMerger
 from rlfleet.services.weight_sync.transports.contract import Fetch, Receiver, ReceiverSetup, WeightHolder
@@ -108,6 +108,15 @@ class WeightUpdater:
 
     def _apply_locked(self, manifest: weights_pb2.WeightManifest) -> weights_pb2.UpdateResult:
         start = time.monotonic()
+        if self._verifier is not None:       # before any state change or allocation: the epoch is signed too
+            try:
+                verify_manifest(manifest, self._verifier)
+            except SignatureError as exc:
+                log.warning("weight version %d refused: %s", manifest.version, exc)
+                self.failures += 1
+                return weights_pb2.UpdateResult(replica_id=self.replica_id, version=self.engine.weight_version,
+                                                ok=False, error=f"SignatureError: {exc}", digest=self.digest,
+                                                seconds=time.monotonic() - start)
         if manifest.version == self.engine.weight_version and manifest.digest == self.digest:
             self._applied(manifest.version, max(self.epoch, manifest.epoch))   # the same weights, any epoch
             return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,

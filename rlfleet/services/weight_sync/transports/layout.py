@@ -117,6 +117,9 @@ def layout_of(manifest: weights_pb2.WeightManifest) -> Layout:
     if bb <= 0 or bb % ALIGN:
         raise LayoutError(f"manifest bucket_bytes {bb} is not a positive multiple of {ALIGN}")
     nb = manifest.num_buckets
+    data = sum(int(e.nbytes) for e in manifest.tensors)
+    if nb > len(manifest.tensors) + data // bb:      # plan() makes at most this many (a tail bucket per dtype)
+        raise LayoutError(f"manifest declares {nb} buckets for {len(manifest.tensors)} tensors of {data} bytes")
     ends = [0] * nb
     placements = []
     for e in manifest.tensors:
@@ -137,6 +140,8 @@ def layout_of(manifest: weights_pb2.WeightManifest) -> Layout:
     if any(end == 0 for end in ends):
         raise LayoutError(f"manifest declares {nb} buckets but bucket {ends.index(0)} holds no tensor")
     sizes = tuple(_round_up(end) for end in ends)
+    if sum(sizes) > data + nb * ALIGN:               # routing fields are not signed: never allocate for padding
+        raise LayoutError(f"manifest buckets take {sum(sizes)} bytes for {data} bytes of tensors")
     return Layout(bb, sizes, _starts(sizes), tuple(placements))
 
 
