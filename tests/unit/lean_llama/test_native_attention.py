@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import logging
+import os
+import re
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -20,6 +25,7 @@ from rlfleet.protocols import SamplingParams
 from rlfleet.services.rollout.engines.lean_llama import native_attention
 from rlfleet.services.rollout.engines.lean_llama.native_attention import HEAD_DIMS, NativeAttention
 from tests.support.engine_pairs import assert_engines_agree
+from tests.support.requires import requires
 from tests.support.tiny_model import make_tiny_model
 
 torch.set_num_threads(1)
@@ -158,7 +164,7 @@ def test_a_build_is_reused_from_the_cache_folder(tmp_path: Path) -> None:
     first = native_attention.build(tmp_path)
     stamp = first.stat().st_mtime_ns
     assert native_attention.build(tmp_path) == first and first.stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]                     # no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, f"{first.name}.sha256"]   # no temporary file
 
 
 def test_a_cache_folder_holding_the_build_needs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,3 +226,102 @@ def test_a_kernel_that_gives_wrong_values_fails_its_check() -> None:
 
     problem = native_attention.check(OffByOne())
     assert problem is not None and problem.startswith("head width 64:")
+
+
+# ---- the cache folder is trusted only when it is this user's own and the library hashes to its recorded SHA-256 ----
+
+PLANTED = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(getenv("RLFLEET_TEST_MARKER"), "w");
+    if (f) { fputs("the planted library's constructor ran", f); fclose(f); }
+}
+int decode_attention(void) { return 0; }
+"""
+
+
+def _cache_with_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache folder (RLFLEET_NATIVE_CACHE) holding a genuine build and its sidecar; the library's path."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RLFLEET_NATIVE_CACHE", str(cache))
+    monkeypatch.setenv("RLFLEET_TEST_MARKER", str(tmp_path / "constructor-ran"))
+    return native_attention.build()
+
+
+def _planted(tmp_path: Path) -> Path:
+    """A library whose constructor writes the marker file: what an attacker would drop in the cache folder."""
+    src = tmp_path / "planted.c"
+    src.write_text(PLANTED)
+    lib = tmp_path / "planted.so"
+    subprocess.run([native_attention._compiler() or "cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+def _refused(tmp_path: Path, caplog: pytest.LogCaptureFixture, reason: str) -> None:
+    """build() refuses the cache's library naming `reason`; load() falls back to torch's ops with a warning that
+    names it; the planted constructor never ran."""
+    with pytest.raises(RuntimeError, match=reason):
+        native_attention.build()
+    if native_attention._cpu_has_avx512f():                 # load() stops earlier on a CPU without AVX-512F
+        with caplog.at_level(logging.WARNING):
+            assert native_attention.load() is None
+        assert re.search(reason, caplog.text) and "torch's ops run attention" in caplog.text
+    assert not (tmp_path / "constructor-ran").exists()
+
+
+NEEDS_CC = requires(None if native_attention._compiler() else "building and planting a library needs a C compiler")
+
+
+@NEEDS_CC
+def test_a_planted_library_with_another_hash_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    target = _cache_with_build(tmp_path, monkeypatch)
+    shutil.copyfile(_planted(tmp_path), target)             # same name, owner and mode; other bytes
+    _refused(tmp_path, caplog, "has SHA-256 .* not the .* recorded")
+
+
+@NEEDS_CC
+def test_a_library_owned_by_another_user_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    target = _cache_with_build(tmp_path, monkeypatch)
+    if os.getuid() == 0:
+        os.chown(target, 1, -1)
+        _refused(tmp_path, caplog, "owned by uid 1")
+    else:                       # no chown without root: a cache folder root owns, as a shared mount would be
+        monkeypatch.setenv("RLFLEET_NATIVE_CACHE", "/")
+        _refused(tmp_path, caplog, "owned by uid 0")
+
+
+@NEEDS_CC
+def test_a_group_writable_library_or_folder_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    target = _cache_with_build(tmp_path, monkeypatch)
+    target.chmod(0o770)
+    _refused(tmp_path, caplog, "writable by group or others")
+    target.chmod(0o700)
+    assert native_attention.build() == target
+    target.parent.chmod(0o777)
+    _refused(tmp_path, caplog, "writable by group or others")
+
+
+@NEEDS_CC
+def test_a_symlinked_library_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Even to the genuine bytes: a link can be pointed elsewhere between the check and the load."""
+    target = _cache_with_build(tmp_path, monkeypatch)
+    elsewhere = tmp_path / "elsewhere.so"
+    target.rename(elsewhere)
+    target.symlink_to(elsewhere)
+    _refused(tmp_path, caplog, "is a symlink")
+
+
+@NEEDS_CC
+def test_the_cache_folder_is_created_private_and_the_build_records_its_hash(tmp_path: Path) -> None:
+    cache = tmp_path / "a" / "b"
+    built = native_attention.build(cache)
+    assert [p.stat().st_mode & 0o777 for p in (tmp_path / "a", cache)] == [0o700, 0o700]
+    recorded = Path(f"{built}.sha256").read_text().strip()
+    assert recorded == hashlib.sha256(built.read_bytes()).hexdigest()
+    Path(f"{built}.sha256").unlink()                       # a build without its record is built again, not trusted
+    assert native_attention.build(cache) == built and Path(f"{built}.sha256").exists()

@@ -11,11 +11,14 @@ How: the C source next to this file is compiled once with the system C compiler 
 shared library in a cache folder (`$RLFLEET_NATIVE_CACHE`, else `$XDG_CACHE_HOME/rlfleet/native`, else
 ~/.cache/rlfleet/native; if that cannot be written, a private folder in the temp dir), named by a hash of the source
 and flags, written atomically (two processes building at once each rename a complete file over the other), and
-loaded with ctypes, which drops the GIL during the call. Before first use `load()` checks it against float64 torch
-on a small case with masked columns and grouped heads at each supported head width.
+loaded with ctypes, which drops the GIL during the call. Loading a library runs its constructors, so before it is
+loaded the folder, the file and its SHA-256 sidecar (`<name>.so.sha256`, written atomically at build time) must be
+this user's own (created 0700; owned by this uid, not writable by group or others, no symlinks) and the file must
+hash to the recorded SHA-256; a library without a sidecar is built again. Before first use `load()` checks the
+kernel against float64 torch on a small case with masked columns and grouped heads at each supported head width.
 
 Where it is not used (torch's ops instead, the same results up to rounding): no AVX-512F on the CPU, no C compiler
-(the slim container images have none), a failed build or check (logged with the reason), a dtype other
+(the slim container images have none), a failed build, trust or numeric check (logged with the reason), a dtype other
 than float32, a head width other than 16/32/64/128, more than one torch thread (the kernel is single-threaded; the
 GEMVs split across threads), or `perf.native_attention: false`. What it changes: rounding, not math (summation
 order and a polynomial exp within ~2 ulp; `tests/unit/lean_llama/test_native_attention.py` checks against float64).
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from rlfleet.run_dir.atomic import write_atomic
+from rlfleet.run_dir.atomic import write_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +126,16 @@ def _cpu_has_avx512f() -> bool:
 
 def build(cache: Path | None = None) -> Path:
     """The kernel's shared library: the cache folder's build of this source and these flags, compiled there first if
-    missing. Raises RuntimeError with the reason when it cannot be built."""
+    missing, and checked before it is returned (a library's constructor runs the moment it is loaded, before any
+    numeric check). Raises RuntimeError with the reason when it cannot be built or is not to be trusted."""
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
     folder = cache or _cache_dir()
     target = folder / f"decode_attention-{digest}.so"
-    if target.exists():                          # built before (or shipped in a mounted cache folder)
-        return target
+    if target.exists() or target.is_symlink():   # built before (or shipped, with its .sha256, in a cache folder)
+        if _sidecar(target).exists() or _sidecar(target).is_symlink():
+            return trusted(target)
+        log.info("%s has no recorded SHA-256 (%s): building it again", target, _sidecar(target).name)
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler ($CC, cc or gcc) on PATH")
@@ -139,14 +145,63 @@ def build(cache: Path | None = None) -> Path:
                               timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        os.chmod(tmp, 0o700)
+        write_text_atomic(_sidecar(target), _sha256(tmp) + "\n")      # the hash of what is renamed next
 
     try:
+        private_folder(folder)
         write_atomic(target, compile_to)
     except PermissionError:                      # an unwritable cache folder: build into a private temp one
         if cache is not None:
             raise
         return build(_private_temp_folder())
-    return target
+    return trusted(target)
+
+
+def _sidecar(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _private_problem(path: Path) -> str | None:
+    """Why `path` is not this user's own (a symlink, owned by another uid, writable by group or others), or None."""
+    st = path.lstat()
+    if path.is_symlink():
+        return f"{path} is a symlink"
+    if st.st_uid != os.getuid():
+        return f"{path} is owned by uid {st.st_uid}, not this user ({os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})"
+    return None
+
+
+def private_folder(folder: Path) -> None:
+    """Create `folder` (and missing parents) with mode 0700; raise RuntimeError unless it is this user's own."""
+    missing = [p for p in (folder, *folder.parents) if not (p.exists() or p.is_symlink())]
+    for p in reversed(missing):
+        p.mkdir(mode=0o700, exist_ok=True)
+    problem = _private_problem(folder) or (None if folder.is_dir() else f"{folder} is not a folder")
+    if problem:
+        raise RuntimeError(f"native kernel cache refused: {problem}")
+
+
+def trusted(library: Path) -> Path:
+    """`library`, after checking that it, its folder and its SHA-256 sidecar are this user's own (no symlink, not
+    writable by group or others) and that it hashes to the recorded SHA-256; RuntimeError naming the reason."""
+    for path in (library.parent, library, _sidecar(library)):
+        problem = _private_problem(path)
+        if problem:
+            raise RuntimeError(f"native kernel refused: {problem}")
+    recorded = _sidecar(library).read_text().strip()
+    actual = _sha256(library)
+    if actual != recorded:
+        raise RuntimeError(f"native kernel refused: {library} has SHA-256 {actual[:16]}..., not the {recorded[:16]}... "
+                           "recorded when it was built")
+    return library
 
 
 def _private_temp_folder() -> Path:
@@ -155,8 +210,7 @@ def _private_temp_folder() -> Path:
     by others."""
     folder = Path(tempfile.gettempdir()) / f"rlfleet-native-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
-    st = folder.lstat()
-    if not folder.is_dir() or folder.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o022:
+    if _private_problem(folder) or not folder.is_dir():
         raise RuntimeError(f"{folder} is not a private folder of this user; not building there")
     return folder
 
