@@ -158,7 +158,8 @@ def test_what_put_accepts_the_trainer_trains_or_quarantines(msgs: list[sample_pb
 
 def _routed(layers: int, top_k: int, group: str = "g0") -> sample_pb2.Sample:
     return sample_pb2.Sample(run_id="r", group_id=group, index=0, group_size=1, prompt_ids=_i32([1, 2]),
-                             status=sample_pb2.SAMPLE_STATUS_COMPLETED, response_ids=_i32([3]), rollout_logprobs=_f32([-0.5]), loss_mask=b"\x01",
+                             status=sample_pb2.SAMPLE_STATUS_COMPLETED, response_ids=_i32([3]),
+                             rollout_logprobs=_f32([-0.5]), loss_mask=b"\x01",
                              routed_experts=sample_pb2.RoutedExperts(
                                  num_layers=layers, top_k=top_k, bits=8, ids=bytes(layers * top_k)))
 
