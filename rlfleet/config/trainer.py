@@ -175,7 +175,9 @@ class TrainerConfig(Section):
                                  "trainer/routing_replay.py).")
     max_seq_len: int | None = Field(None, ge=2, description=(
         "Longest sample (prompt + response tokens) the trainer trains on; a delivered group holding a longer one is "
-        "quarantined (Buffer.Reject) rather than trained on. None: no limit."))
+        "quarantined (Buffer.Reject) rather than trained on. The buffer's Put refuses longer samples too (counted "
+        "per replica); None: no limit in the trainer, and Put's bound is the model's context (config.json "
+        "max_position_embeddings x rope_scaling factor), else 131072 tokens."))
     kl: KlConfig = Field(KlConfig(), description="KL penalty against the reference model.")
     critic: CriticConfig = Field(CriticConfig(), description="PPO's critic (trainer.algorithm: ppo).")
     teacher: TeacherConfig = Field(TeacherConfig(), description="The distillation teacher (trainer.algorithm: "

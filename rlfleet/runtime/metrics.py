@@ -44,6 +44,9 @@ class BufferMetrics:
         self.tickets_in_flight = Gauge("rlfleet_buffer_tickets_in_flight", "Groups claimed by rollout, not yet put",
                                        registry=registry)
         self.put = Counter("rlfleet_buffer_put_samples", "Samples accepted", registry=registry)
+        self.put_refused = Counter("rlfleet_buffer_put_refused_samples", "Put calls refused for a sample, by the "
+                                   "sample's replica and reason (max_seq_len, too_large, invalid)",
+                                   ["replica", "reason"], registry=registry)
         self.delivered = Counter("rlfleet_buffer_delivered_samples", "Samples delivered to the trainer",
                                  registry=registry)
         self.acked = Counter("rlfleet_buffer_acked_samples", "Samples acknowledged after a committed step",

@@ -13,11 +13,12 @@ from rlfleet.sample.record import (
     RoutedExperts,
     Sample,
     SampleError,
+    SequenceTooLong,
     Status,
     check_fields,
     sample_key,
     validate_message,
 )
 
-__all__ = ["FREE_ROUTE", "RoutedExperts", "Sample", "SampleError", "Status", "check_fields", "sample_key",
-           "validate_message"]
+__all__ = ["FREE_ROUTE", "RoutedExperts", "Sample", "SampleError", "SequenceTooLong", "Status", "check_fields",
+           "sample_key", "validate_message"]

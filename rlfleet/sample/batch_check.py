@@ -42,6 +42,9 @@ def _joined(parts: list[bytes], dtype: str) -> np.ndarray:
 
 def _values_ok(msgs: Sequence[sample_pb2.Sample], limits: SampleLimits) -> bool:
     """validate_message's checks of array values (check_fields passed), over every sample's values together."""
+    if limits.max_seq_len is not None and any(len(m.prompt_ids) + len(m.response_ids) > 4 * limits.max_seq_len
+                                              for m in msgs):
+        return False
     ids = _joined([b for m in msgs for b in (m.prompt_ids, m.response_ids)], "<i4")            # [sum of P + T]
     if ids.size and (int(ids.min()) < 0 or (limits.vocab_size is not None and int(ids.max()) >= limits.vocab_size)):
         return False

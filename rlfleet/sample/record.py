@@ -31,6 +31,10 @@ class SampleError(ValueError):
     """A sample whose fields disagree (lengths, NaN reward, unknown status)."""
 
 
+class SequenceTooLong(SampleError):
+    """A sample whose prompt + response tokens exceed SampleLimits.max_seq_len."""
+
+
 FREE_ROUTE = -1      # RoutedExperts.ids row of a position that routes freely (no recorded route)
 
 
@@ -212,6 +216,9 @@ def check_fields(msg: sample_pb2.Sample) -> None:
 
 
 def _check_bounds(msg: sample_pb2.Sample, limits: SampleLimits) -> None:
+    tokens = (len(msg.prompt_ids) + len(msg.response_ids)) // 4
+    if limits.max_seq_len is not None and tokens > limits.max_seq_len:
+        raise SequenceTooLong(f"{tokens} tokens (prompt + response), over the limit of {limits.max_seq_len}")
     for name in ("prompt_ids", "response_ids"):
         ids = np.frombuffer(getattr(msg, name), dtype="<i4")
         if ids.size and int(ids.min()) < 0:

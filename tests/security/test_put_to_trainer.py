@@ -100,9 +100,11 @@ def sample_messages(draw: Any) -> sample_pb2.Sample:
     return msg
 
 
-def _limits(experts: int | None, newest: int | None, max_expert_id: int | None = MAX_EXPERT_ID) -> SampleLimits:
-    """The buffer's Put limits (rlfleet.sample.limits.model_limits, the policy version + lead)."""
-    return SampleLimits(vocab_size=VOCAB, num_experts=experts, max_weight_version=newest, max_expert_id=max_expert_id)
+def _limits(experts: int | None, newest: int | None, max_expert_id: int | None = MAX_EXPERT_ID,
+            max_seq_len: int | None = None) -> SampleLimits:
+    """The buffer's Put limits (rlfleet.sample.limits.model_limits, put_max_seq_len, the policy version + lead)."""
+    return SampleLimits(vocab_size=VOCAB, num_experts=experts, max_weight_version=newest, max_expert_id=max_expert_id,
+                        max_seq_len=max_seq_len)
 
 
 def train_or_quarantine(msgs: list[sample_pb2.Sample]) -> tuple[int, int]:
@@ -129,11 +131,12 @@ def train_or_quarantine(msgs: list[sample_pb2.Sample]) -> tuple[int, int]:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 @given(msgs=st.lists(sample_messages(), min_size=1, max_size=3),
        experts=st.sampled_from([None, 8, 2**16]), newest=st.sampled_from([None, 0, 5]),
-       max_expert_id=st.sampled_from([MAX_EXPERT_ID, None]))
+       max_expert_id=st.sampled_from([MAX_EXPERT_ID, None]), max_seq_len=st.sampled_from([None, 6]))
 def test_what_put_accepts_the_trainer_trains_or_quarantines(msgs: list[sample_pb2.Sample], experts: int | None,
-                                                           newest: int | None, max_expert_id: int | None) -> None:
+                                                           newest: int | None, max_expert_id: int | None,
+                                                           max_seq_len: int | None) -> None:
     """max_expert_id None: a buffer built without model_limits (its own default); the trainer then quarantines."""
-    limits = _limits(experts, newest, max_expert_id)
+    limits = _limits(experts, newest, max_expert_id, max_seq_len)
     accepted = first_invalid(msgs, limits) is None
     singles = []
     for m in msgs:                                   # Put's one-sample path says the same of each sample

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from rlfleet.run_dir.lineage import Epoch
 from rlfleet.runtime.metrics import BufferMetrics
-from rlfleet.sample import sample_key
+from rlfleet.sample import SequenceTooLong, sample_key
 from rlfleet.sample.batch_check import first_invalid
 from rlfleet.sample.limits import SampleLimits
 from rlfleet.services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted
@@ -133,6 +133,7 @@ class BufferCore:
         self.gate = Gate.of(settings.groups_per_step, settings.over_sample, settings.publish_every,
                             settings.max_staleness)
         self.share = settings.fair_share(self.gate.per_step)    # tickets one replica may hold (None: no cap)
+        self.refused: dict[tuple[str, str], int] = {}           # (replica, reason) -> Put calls refused
         self._cond = threading.Condition()
         self._lineage = LineageCheck(keep=4 * settings.capacity + 1024)
         self._told: set[str] = set()     # cancelled groups some Claim reply has listed (memory only: early wake-ups)
@@ -319,13 +320,23 @@ class BufferCore:
         pairs = [(m, m.SerializeToString()) for m in samples]
         for msg, raw in pairs:
             if len(raw) > self.settings.max_sample_bytes:
+                self._refused(msg, "too_large")
                 raise InvalidSample(f"sample {msg.group_id}/{msg.index} is {len(raw)} bytes, over the limit of "
                                     f"{self.settings.max_sample_bytes}")
         bad = first_invalid(samples, self._limits())
         if bad is not None:
             msg = samples[bad[0]]
+            self._refused(msg, "max_seq_len" if isinstance(bad[1], SequenceTooLong) else "invalid")
             raise InvalidSample(f"sample {msg.group_id}/{msg.index}: {bad[1]}")
         return pairs
+
+    def _refused(self, msg: sample_pb2.Sample, reason: str) -> None:
+        """Count a Put refused for this sample, per replica (rlfleet_buffer_put_refused_samples) and in memory."""
+        replica = msg.replica_id or "unknown"
+        with self._cond:
+            self.refused[(replica, reason)] = self.refused.get((replica, reason), 0) + 1
+        if self.metrics is not None:
+            self.metrics.put_refused.labels(replica=replica, reason=reason).inc()
 
     def _newest_version(self) -> int | None:
         """The newest weight version a caller may name: the trainer's policy version plus the allowed lead."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry
@@ -18,7 +19,7 @@ from rlfleet.runtime.metrics import BufferMetrics, JsonlLog, serve_metrics
 from rlfleet.runtime.rpc import Server
 from rlfleet.runtime.service_main import ServiceArgs, listen_address, serve_until
 from rlfleet.runtime.service_skeleton import Outcome, ServiceSpec, StartError
-from rlfleet.sample.limits import model_limits
+from rlfleet.sample.limits import model_limits, put_max_seq_len
 from rlfleet.security.identity import Credential
 from rlfleet.security.scrub import redis_url_with_credentials
 from rlfleet.services.buffer.core import BufferCore
@@ -40,8 +41,10 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
     end = time.monotonic() + patience
     while True:
         try:
+            limits = replace(model_limits(cfg.model_path),
+                             max_seq_len=put_max_seq_len(cfg.trainer.max_seq_len, cfg.model_path))
             core = BufferCore(open_store(cfg), BufferSettings.from_config(cfg), filters, metrics,
-                              limits=model_limits(cfg.model_path), version_lead=cfg.security.version_lead)
+                              limits=limits, version_lead=cfg.security.version_lead)
             core.drop_trained(committed_after(cfg.run_dir, core.state.committed_step))
             return core
         except StoreError as exc:
