@@ -26,6 +26,7 @@ from rlfleet.services.buffer.filters import load_filters
 from rlfleet.services.buffer.service import SERVICE, BufferService, add_to_server
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.stores import StoreError
+from rlfleet.services.buffer.stores.embedded import LogCorrupt
 from rlfleet.services.buffer.stores.factory import open_store
 
 log = logging.getLogger("buffer")
@@ -33,7 +34,8 @@ SERVICE_NAME = SERVICE
 
 
 def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience: float = 30.0) -> BufferCore:
-    """Open the store (retrying while it is unreachable, e.g. Redis still starting) and load the state; samples the
+    """Open the store (retrying while it is unreachable, e.g. Redis still starting; a corrupt log is refused at
+    once) and load the state; samples the
     trainer's checkpoints committed after the store's last Ack are dropped (reason `trained`), never delivered."""
     metrics = BufferMetrics(registry) if registry is not None else None
     filters = load_filters(cfg.buffer.filters)
@@ -45,7 +47,7 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
             core.drop_trained(committed_after(cfg.run_dir, core.state.committed_step))
             return core
         except StoreError as exc:
-            if time.monotonic() > end:
+            if isinstance(exc, LogCorrupt) or time.monotonic() > end:   # a damaged log does not heal: refuse now
                 raise
             log.warning("store not ready (%s); retrying", exc)
             time.sleep(1.0)

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlfleet.run_dir.atomic import fsync_dir, write_bytes_atomic
 from rlfleet.services.buffer.mutations import Mutation, decode, encode
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import StoreError
-from rlfleet.services.buffer.stores.logfile import AppendLog, Scan, frame_parts, replace_with, scan
+from rlfleet.services.buffer.stores.logfile import AppendLog, Scan, frame_parts, replace_with, scan_bytes
 
 _LEN = struct.Struct("<I")
 LOG_NAME = "buffer.log"
@@ -39,7 +41,25 @@ log = logging.getLogger(__name__)
 
 
 class LogCorrupt(StoreError):
-    """The log holds a bad frame with intact commits after it: refused, never cut (see `rlfleet buffer verify`)."""
+    """The log holds damage that may have taken acknowledged commits (a bad frame with intact commits after it, a
+    damaged complete last commit, a commit that does not replay): refused at once, never cut (see `rlfleet buffer
+    verify`)."""
+
+
+def free_name(path: Path, kind: str) -> Path:
+    """path's name + .KIND-N for the first N not taken: where a copy of the log is kept before it is changed."""
+    n = 0
+    while path.with_name(f"{path.name}.{kind}-{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}.{kind}-{n}")
+
+
+def keep_beside(path: Path, kind: str) -> Path:
+    """Keep the file at path under a free .KIND-N name beside it (a hard link, so no copy), durably."""
+    keep = free_name(path, kind)
+    os.link(path, keep)
+    fsync_dir(path.parent)
+    return keep
 
 
 def _body_parts(m: Mutation) -> list[bytes]:
@@ -91,7 +111,7 @@ def replay(result: Scan) -> State:
             for m in muts:
                 state.apply(m)
         except Exception as exc:   # a decoder or State.apply error: reported as the store's, with its place
-            raise StoreError(f"{result.path}: commit at offset {offset} cannot be replayed: "
+            raise LogCorrupt(f"{result.path}: commit at offset {offset} cannot be replayed: "
                              f"{type(exc).__name__}: {exc}") from exc
     return state
 
@@ -129,16 +149,20 @@ class EmbeddedStore:
             if self._log is not None:
                 self._log.close()
                 self._log = None
-            result = scan(self.path)
+            data = self.path.read_bytes() if self.path.exists() else b""
+            result = scan_bytes(self.path, data)
             if result.damage is not None and not result.damage.torn_tail:
                 raise LogCorrupt(f"{result.describe()}; refusing to start: run `rlfleet buffer verify` / "
                                  f"`rlfleet buffer salvage` on the run folder")
             state = replay(result)
-            if result.damage is not None:
-                log.warning("%s; cut off", result.describe())
             try:
+                if result.damage is not None:
+                    kept = self._keep_tail(data[result.damage.offset:])
+                    log.warning("%s; cut off%s", result.describe(), f" (its bytes kept as {kept})" if kept else "")
                 if result.legacy:
-                    log.warning("%s: old log format; rewriting it as commit frames", self.path)
+                    kept = keep_beside(self.path, "legacy")
+                    log.warning("%s: old log format; rewriting it as commit frames (the original kept as %s)",
+                                self.path, kept)
                     self._log = replace_with(self.path, self._snapshot_frames(state), self._preallocate)
                 else:
                     self._log = AppendLog(self.path, result.end, preallocate=self._preallocate)
@@ -151,6 +175,15 @@ class EmbeddedStore:
             self._syncer = threading.Thread(target=self._sync_loop, name="buffer-fsync", daemon=True)
             self._syncer.start()
         return state
+
+    def _keep_tail(self, tail: bytes) -> Path | None:
+        """Keep the bytes of a torn tail beside the log before it is cut (unless they are only zeros)."""
+        tail = tail.rstrip(b"\0")
+        if not tail:
+            return None
+        path = free_name(self.path, "torn")
+        write_bytes_atomic(path, tail)
+        return path
 
     @property
     def log_bytes(self) -> int:
