@@ -166,9 +166,13 @@ class EmbeddedStore:
                     self._log = replace_with(self.path, self._snapshot_frames(state), self._preallocate)
                 else:
                     self._log = AppendLog(self.path, result.end, preallocate=self._preallocate)
+                    # what a killed process wrote is only in the page cache: make it durable before anything is
+                    # served or acknowledged from it (a retried Put answered as a duplicate, a re-asked batch)
+                    self._log.fsync()
+                    fsync_dir(self.dir)
             except OSError as exc:
                 raise StoreError(f"buffer log {self.path}: {exc}") from exc
-            self._live_bytes = self.synced_size = self._log.size   # a torn tail cut: what is left is on disk
+            self._live_bytes = self.synced_size = self._log.size   # fsynced above (replace_with fsyncs its file)
             self._compact_after = max(self.compact_min_bytes, 4 * self._live_bytes)
             self._appended = self._durable = self._suspect = max(self._appended, self._suspect)
         if self.fsync == "everysec" and self._syncer is None:
