@@ -28,10 +28,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlfleet.services.buffer.mutations import Add, Close, Issue, Mutation
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
+
+if TYPE_CHECKING:
+    from _typeshed import HasFileno
 
 DURABLE = "durable.bin"      # beside the store's folder: the log's bytes when its last acknowledged commit returned
 
@@ -67,11 +71,12 @@ def write_then_die(directory: Path, seed: int) -> None:
 @contextmanager
 def watch_fsyncs(path: Path, images: list[bytes]) -> Iterator[None]:
     """Every fsync of the file at path (by inode) appends the file's bytes, as they were made durable, to images."""
-    real: Callable[[int], None] = os.fsync
+    real = os.fsync
 
-    def fsync(fd: int) -> None:
+    def fsync(fd: int | HasFileno) -> None:
         real(fd)
-        if path.exists() and os.fstat(fd).st_ino == path.stat().st_ino:
+        number = fd if isinstance(fd, int) else fd.fileno()
+        if path.exists() and os.fstat(number).st_ino == path.stat().st_ino:
             images.append(path.read_bytes())
 
     os.fsync = fsync
