@@ -53,6 +53,17 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
             time.sleep(1.0)
 
 
+def write_stats(core: BufferCore, jsonl: JsonlLog) -> None:
+    """One record of the buffer's stats in its metrics log (each 10 s)."""
+    try:
+        s = core.stats()
+    except StoreError as exc:
+        log.warning("stats unavailable: %s", exc)
+        return
+    jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
+                 "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
+
+
 def start_server(core: BufferCore, bind: str, token: Credential) -> Server:
     server = Server(bind, token, max_workers=64,     # Claim/Put/GetBatch may each hold a worker while waiting
                     max_receive_bytes=2 * core.settings.max_sample_bytes)   # a Put of the largest sample, and more
@@ -103,18 +114,21 @@ class BufferServer:
         bind = listen_address(cfg.endpoints.buffer, args.listen)
         self.server = start_server(self.core, bind, args.token)
         serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
-        self.jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
+        self.metrics = self.core.metrics
+        self.jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl", on_error=self._log_record_dropped)
         log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, self.server.port)
         watch_health(self.core, self.server, self.stop)
 
+    def _log_record_dropped(self, exc: OSError) -> None:
+        """A metrics record the disk did not take: dropped and counted, never raised out of the serve loop."""
+        if self.metrics is not None:
+            self.metrics.dropped_log_records.inc()
+        if self.jsonl.dropped == 1 or self.jsonl.dropped % 100 == 0:
+            log.warning("metrics log %s: cannot write (%s); records dropped so far: %d", self.jsonl.path, exc,
+                        self.jsonl.dropped)
+
     def _write_stats(self) -> None:
-        try:
-            s = self.core.stats()
-        except StoreError as exc:
-            log.warning("stats unavailable: %s", exc)
-            return
-        self.jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
-                          "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
+        write_stats(self.core, self.jsonl)
 
     def serve(self) -> Outcome:
         serve_until(self.stop, self._write_stats, tick_every=10.0)

@@ -20,6 +20,7 @@ the old log serving and is retried later.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import struct
@@ -31,12 +32,20 @@ from rlfleet.run_dir.atomic import fsync_dir, write_bytes_atomic
 from rlfleet.services.buffer.mutations import Mutation, decode, encode
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import StoreError
-from rlfleet.services.buffer.stores.logfile import AppendLog, Scan, frame_parts, replace_with, scan_bytes
+from rlfleet.services.buffer.stores.logfile import (
+    HEADER_BYTES,
+    AppendLog,
+    Scan,
+    frame_parts,
+    replace_with,
+    scan_bytes,
+)
 
 _LEN = struct.Struct("<I")
 LOG_NAME = "buffer.log"
 PREALLOCATE_BYTES = 4 << 20     # zeros kept ahead of the log when every commit is fsynced (see AppendLog)
 FSYNC_POLICIES = ("always", "everysec", "no")
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)   # EFBIG: past RLIMIT_FSIZE (how tests fill a disk)
 log = logging.getLogger(__name__)
 
 
@@ -44,6 +53,12 @@ class LogCorrupt(StoreError):
     """The log holds damage that may have taken acknowledged commits (a bad frame with intact commits after it, a
     damaged complete last commit, a commit that does not replay): refused at once, never cut (see `rlfleet buffer
     verify`)."""
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem of directory."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
 
 
 def free_name(path: Path, kind: str) -> Path:
@@ -130,6 +145,8 @@ class EmbeddedStore:
         self._log: AppendLog | None = None
         self._live_bytes = 0
         self._compact_after = 0            # log size a compaction is next tried at (after a failed one: later)
+        self._compact_failed_free: int | None = None   # free disk bytes when a compaction last failed for space
+        self._failed_bytes = 0             # size of the last commit that could not be written
         # group commit: byte counters over the store's life (never reset, so tokens outlive compactions)
         self._cv = threading.Condition()
         self._appended = 0                 # bytes written
@@ -200,11 +217,18 @@ class EmbeddedStore:
         assert self._log is not None, "load() first"
         if self._log.size > self._compact_after:
             self._try_compact(state)
-        before = self._log.size
+        before, buffers = self._log.size, frame_parts(commit_parts(mutations))
         try:
-            self._log.append_buffers(frame_parts(commit_parts(mutations)))
+            try:
+                self._log.append_buffers(buffers)
+            except OSError as exc:       # cut back: the zeros written ahead of the log are given back too
+                if exc.errno not in DISK_FULL or not self._compact_on_disk_full(state):
+                    raise
+                before = self._log.size
+                self._log.append_buffers(buffers)          # once more, into the compacted log
         except OSError as exc:
             self.failure = f"buffer log {self.path}: {exc}"
+            self._failed_bytes = sum(len(b) for b in buffers)
             raise StoreError(self.failure) from exc
         with self._cv:
             self._appended += self._log.size - before
@@ -277,9 +301,16 @@ class EmbeddedStore:
         return self.failure is None
 
     def probe(self) -> bool:
-        """After a failure: try an empty commit and its fsync (callers serialize it with append). True if healthy."""
+        """After a failure: can the log take the commit that failed? Room for it is written (zeros ahead of the
+        log, where the next commit goes without growing the file), then an empty commit and its fsync (callers
+        serialize it with append). True if healthy: an empty commit alone fits where a real one does not."""
         if self.failure is None:
             return True
+        assert self._log is not None
+        try:
+            self._log.reserve(self._log.size + HEADER_BYTES + max(self._failed_bytes, HEADER_BYTES))
+        except OSError:
+            return False
         try:
             self.commit([], State())
         except StoreError:
@@ -290,11 +321,11 @@ class EmbeddedStore:
     def _snapshot_frames(self, state: State) -> list[bytes]:
         return frame_parts(commit_parts(state.snapshot()))
 
-    def compact(self, state: State) -> None:
-        """Rewrite the log as the snapshot of state (which must equal the log's content). On error the old log is
-        untouched and keeps serving."""
+    def compact(self, state: State, frames: list[bytes] | None = None) -> None:
+        """Rewrite the log as the snapshot of state (which must equal the log's content; frames: that snapshot's,
+        if already made). On error the old log is untouched and keeps serving."""
         assert self._log is not None
-        frames = self._snapshot_frames(state)
+        frames = self._snapshot_frames(state) if frames is None else frames
         with self._exclusive():
             new = replace_with(self.path, frames, self._preallocate)
             old, self._log = self._log, new
@@ -310,9 +341,35 @@ class EmbeddedStore:
             self.compact(state)
         except OSError as exc:
             assert self._log is not None
-            self._compact_after = self._log.size + max(self.compact_min_bytes, self._live_bytes)
+            if exc.errno in DISK_FULL:      # the log cannot grow to a later retry point: retry when it grows again
+                self._compact_after = self._log.size
+                self._compact_failed_free = free_bytes(self.dir)
+            else:
+                self._compact_after = self._log.size + max(self.compact_min_bytes, self._live_bytes)
             log.warning("buffer log %s: compaction failed (%s); the old log keeps serving, retried at %d bytes",
                         self.path, exc, self._compact_after)
+
+    def _compact_on_disk_full(self, state: State) -> bool:
+        """An append met a full disk (and gave back the zeros written ahead): compact at once if the snapshot is
+        smaller than the log, unless a compaction already failed for space and none was freed since. True if the
+        log was compacted."""
+        assert self._log is not None
+        frames = self._snapshot_frames(state)
+        if sum(len(b) for b in frames) >= self._log.size:
+            return False
+        free = free_bytes(self.dir)
+        if self._compact_failed_free is not None and free <= self._compact_failed_free:
+            return False
+        try:
+            self.compact(state, frames)
+        except OSError as exc:
+            self._compact_failed_free = free
+            log.warning("buffer log %s: the disk is full and compaction failed too (%s); retried when space is "
+                        "freed", self.path, exc)
+            return False
+        self._compact_failed_free = None
+        log.warning("buffer log %s: the disk is full; compacted to %d bytes", self.path, self._log.size)
+        return True
 
     # ---- background fsync (everysec) and close ---------------------------------------------------------------------
     def _sync_loop(self) -> None:

@@ -264,6 +264,16 @@ class AppendLog:
             self._zero_fill_failed = False
         self.file_size = start
 
+    def reserve(self, end: int) -> None:
+        """Write zeros from the file's end to `end`, raising OSError when the disk cannot take them (what is written
+        stays: zeros ahead of the log, where later appends go without growing the file)."""
+        start = self.file_size
+        try:
+            while start < end:
+                start += os.pwrite(self._fd, _ZEROS[:min(end - start, len(_ZEROS))], start)
+        finally:
+            self.file_size = max(self.file_size, start)
+
     def _cut(self) -> None:
         os.ftruncate(self._fd, self.size)
         os.lseek(self._fd, self.size, os.SEEK_SET)
