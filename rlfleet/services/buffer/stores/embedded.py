@@ -10,11 +10,13 @@ a commit whole or not at all. Durability per `fsync`:
   everysec  a background thread fsyncs once a second: a power loss (not a process crash) loses up to ~1 s of
             acknowledged Puts, deliveries and Acks.
   no        never fsynced by the buffer (the OS flushes): a power loss loses whatever the OS had not written.
-On start the log is scanned: a torn tail (a bad frame with no intact frame after it, e.g. zero-filled) is cut off; a
-bad frame followed by intact ones is corruption and load() refuses with a LogCorrupt naming the file and offset
-(`rlfleet buffer verify|salvage RUN_DIR`). When the log grows well past the live data it is compacted: the state's
-snapshot is written to a temporary file, fsynced and renamed over the log; a failed compaction (disk full) leaves
-the old log serving and is retried later.
+On start the log is scanned: a torn tail (a bad last frame that looks like a write that did not finish, e.g.
+zero-filled) is cut off, its bytes kept beside the log; a bad frame followed by intact ones, or a damaged complete
+last commit, is corruption and load() refuses with a LogCorrupt naming the file and offset (`rlfleet buffer
+verify|salvage RUN_DIR`). Then the log and its folder are fsynced before anything is served from them. When the
+log grows well past the live data it is compacted: the state's snapshot is written to a temporary file, fsynced
+and renamed over the log; a failed compaction leaves the old log serving and is retried later. An append that
+meets a full disk compacts at once (when that frees space) and is written once more.
 """
 
 from __future__ import annotations
