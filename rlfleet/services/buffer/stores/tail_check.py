@@ -8,7 +8,8 @@ head is a prefix of the magic followed by zeros. Such a tail is cut. Anything el
 whole, which may be an acknowledged commit: corruption, refused like a bad frame mid-log.
 
 A single flipped bit anywhere in the frame (magic, length, checksum or body) is found outright: repairing it makes
-the frame intact, so it is a damaged complete commit even where the zero-fill signature would also fit. The body's
+the frame intact, so it is a damaged complete commit, unless the frame is zeros from that bit on (a write that
+stopped there and was zero-filled explains it as well: cut). The body's
 flip is located from the checksum's syndrome (CRC-32 is linear: flipping bit b of the byte d bytes before the end
 of the body changes the checksum by a value that depends on b and d only), walking back one byte per step.
 """
@@ -99,6 +100,14 @@ def _zero_filled(data: bytes | memoryview, start: int, end: int) -> bool:
     return False
 
 
+def _zeros_from(data: bytes | memoryview, pos: int, at: int) -> bool:
+    """Whether the frame at pos holds only zeros from offset `at` on: a bit whose repair sets it there is as well
+    explained by a write that stopped at `at` and was zero-filled (the torn reading wins: it is cut)."""
+    _, length, _ = _HEAD.unpack_from(data, pos)
+    end = min(len(data), pos + _HEAD.size + length)
+    return at < end and bytes(data[at:end]).count(0) == end - at
+
+
 def classify_tail(data: bytes | memoryview, pos: int) -> tuple[str, bool]:
     """Why the bad frame at pos (no intact frame after it) is bad, and whether it is corruption (True: a complete
     commit damaged, refused) rather than a torn write (False: cut)."""
@@ -106,7 +115,7 @@ def classify_tail(data: bytes | memoryview, pos: int) -> tuple[str, bool]:
     if bytes(data[pos:]).count(0) == rest:
         return "zeros: space written ahead of the log, or a crash's zero fill", False
     at = flipped_bit(data, pos)
-    if at is not None:
+    if at is not None and not _zeros_from(data, pos, at):
         return f"a flipped bit at offset {at} in a complete commit", True
     if rest < _HEAD.size:
         return f"{rest} bytes, shorter than a frame header (an append that did not finish)", False
