@@ -4,15 +4,21 @@ and the buffer's metrics log drops and counts what it cannot write instead of ra
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from rlfleet.config import load_config
 from rlfleet.runtime.metrics import BufferMetrics, JsonlLog, read_jsonl
+from rlfleet.runtime.service_main import ServiceArgs
+from rlfleet.security.credentials import load_credential
 from rlfleet.services.buffer.core import BufferCore
-from rlfleet.services.buffer.server import write_stats
+from rlfleet.services.buffer.server import BufferServer, write_stats
 from rlfleet.services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
 from tests.integration.test_buffer_contract import make_sample
+from tests.integration.test_buffer_service import write_config
+from tests.support.redis_server import free_port
 from tests.unit.test_buffer_durability import SETTINGS, FileSizeLimit, fill_ready, fingerprint, open_core, run_steps
 
 
@@ -82,3 +88,27 @@ def test_the_metrics_log_drops_and_counts_what_a_full_disk_refuses(tmp_path: Pat
     assert [r["ready_groups"] for r in records] == [2, 2]
     assert path.read_text().count("\n") == 3     # two records and the torn line between them
     core.close()
+
+
+def test_the_buffer_service_keeps_serving_when_its_metrics_log_cannot_be_written(tmp_path: Path) -> None:
+    """The running buffer (BufferServer, in-process on a free port) writes its stats record each 10 s from the serve
+    loop; on a full disk that write once raised EFBIG/ENOSPC out of the loop and the buffer exited."""
+    run_dir = tmp_path / "run"
+    cfg_path = write_config(run_dir, free_port())
+    cfg = load_config(cfg_path)
+    args = ServiceArgs(config=cfg, config_path=cfg_path, listen=None, metrics_port=0,
+                       token=load_credential(cfg.security, "buffer"), extra=argparse.Namespace())
+    server = BufferServer(args)
+    try:
+        server._write_stats()
+        path = run_dir / "metrics" / "buffer.jsonl"
+        with FileSizeLimit(path.stat().st_size):
+            for _ in range(2):
+                server._write_stats()            # the serve loop's tick
+        assert server.metrics is not None
+        assert server.metrics.dropped_log_records._value.get() == 2
+        server._write_stats()
+    finally:
+        server.signalled(15)
+        server.close()
+    assert len(read_jsonl(path)) == 2
