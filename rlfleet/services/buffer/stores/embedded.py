@@ -147,7 +147,7 @@ class EmbeddedStore:
         self._log: AppendLog | None = None
         self._live_bytes = 0
         self._compact_after = 0            # log size a compaction is next tried at (after a failed one: later)
-        self._compact_failed_free: int | None = None   # free disk bytes when a compaction last failed for space
+        self._compact_failed: tuple[int, int] | None = None   # (free disk bytes, log size) at a failure for space
         self._failed_bytes = 0             # size of the last commit that could not be written
         # group commit: byte counters over the store's life (never reset, so tokens outlive compactions)
         self._cv = threading.Condition()
@@ -217,7 +217,7 @@ class EmbeddedStore:
     def append(self, mutations: list[Mutation], state: State) -> int:
         """Write one commit (state: before it is applied); returns the token to sync(). Callers serialize appends."""
         assert self._log is not None, "load() first"
-        if self._log.size > self._compact_after:
+        if self._log.size > self._compact_after and self._space_freed():
             self._try_compact(state)
         before, buffers = self._log.size, frame_parts(commit_parts(mutations))
         try:
@@ -337,6 +337,7 @@ class EmbeddedStore:
                 self.synced_size = new.size
         self._live_bytes = new.size
         self._compact_after = max(self.compact_min_bytes, 4 * self._live_bytes)
+        self._compact_failed = None
 
     def _try_compact(self, state: State) -> None:
         try:
@@ -345,7 +346,7 @@ class EmbeddedStore:
             assert self._log is not None
             if exc.errno in DISK_FULL:      # the log cannot grow to a later retry point: retry when it grows again
                 self._compact_after = self._log.size
-                self._compact_failed_free = free_bytes(self.dir)
+                self._compact_failed = (free_bytes(self.dir), self._log.size)
             else:
                 self._compact_after = self._log.size + max(self.compact_min_bytes, self._live_bytes)
             log.warning("buffer log %s: compaction failed (%s); the old log keeps serving, retried at %d bytes",
@@ -359,19 +360,26 @@ class EmbeddedStore:
         frames = self._snapshot_frames(state)
         if sum(len(b) for b in frames) >= self._log.size:
             return False
-        free = free_bytes(self.dir)
-        if self._compact_failed_free is not None and free <= self._compact_failed_free:
+        if not self._space_freed():
             return False
+        free = free_bytes(self.dir)
         try:
             self.compact(state, frames)
         except OSError as exc:
-            self._compact_failed_free = free
+            self._compact_failed = (free, self._log.size)
             log.warning("buffer log %s: the disk is full and compaction failed too (%s); retried when space is "
                         "freed", self.path, exc)
             return False
-        self._compact_failed_free = None
         log.warning("buffer log %s: the disk is full; compacted to %d bytes", self.path, self._log.size)
         return True
+
+    def _space_freed(self) -> bool:
+        """After a compaction failed for lack of space: True once the disk has more free space than then, or (a
+        quota or file size limit statvfs does not show) the log grew by another compaction step since."""
+        if self._compact_failed is None:
+            return True
+        free, size = self._compact_failed
+        return free_bytes(self.dir) > free or self.log_bytes >= size + max(self.compact_min_bytes, self._live_bytes)
 
     # ---- background fsync (everysec) and close ---------------------------------------------------------------------
     def _sync_loop(self) -> None:
