@@ -308,7 +308,8 @@ class EmbeddedStore:
         serialize it with append). True if healthy: an empty commit alone fits where a real one does not."""
         if self.failure is None:
             return True
-        assert self._log is not None
+        if self._log is None:                 # a reload failed: the next call loads again
+            return False
         try:
             self._log.reserve(self._log.size + HEADER_BYTES + max(self._failed_bytes, HEADER_BYTES))
         except OSError:
