@@ -7,8 +7,10 @@ Each service builds its own CollectorRegistry (no process-global registry) and s
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,9 @@ class BufferMetrics:
                                    buckets=(0, 1, 2, 3, 4, 8, 16), registry=registry)
         self.policy_version = Gauge("rlfleet_buffer_policy_version", "Latest version the trainer reported",
                                     registry=registry)
+        self.dropped_log_records = Counter("rlfleet_buffer_dropped_log_records",
+                                           "Metrics log records that could not be written (a full disk): dropped",
+                                           registry=registry)
 
 
 class TrainerMetrics:
@@ -122,21 +127,41 @@ def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0")
 
 
 class JsonlLog:
-    """Append-only JSON-lines metrics log (one object per line, flushed each write)."""
+    """Append-only JSON-lines metrics log (one object per line, one write(2) each, O_APPEND).
 
-    def __init__(self, path: Path) -> None:
+    With `on_error`, a record that cannot be written (a full disk: ENOSPC, or EFBIG past RLIMIT_FSIZE) is dropped
+    and counted (`dropped`, and on_error(exc) is called: a service counts it as a metric) instead of raising: a
+    metrics log never takes a service down. A write cut short leaves a torn line; the next record starts on a new
+    line, and read_jsonl skips the torn one. Without on_error the error is raised, as before."""
+
+    def __init__(self, path: Path, on_error: Callable[[OSError], None] | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = path.open("a", buffering=1)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
+        self._on_error = on_error
+        self._torn = False           # the last write may have left part of a line
+        self.dropped = 0             # records not written
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps({"time": time.time(), **record}, allow_nan=False, default=float)
         with self._lock:
-            self._f.write(line + "\n")
-            self._f.flush()
+            data = (("\n" if self._torn else "") + line + "\n").encode()
+            try:
+                done = 0
+                while done < len(data):
+                    done += os.write(self._fd, data[done:])
+            except OSError as exc:
+                self._torn = True
+                if self._on_error is None:
+                    raise
+                self.dropped += 1
+                self._on_error(exc)
+            else:
+                self._torn = False
 
     def close(self) -> None:
-        self._f.close()
+        os.close(self._fd)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

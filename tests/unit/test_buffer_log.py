@@ -9,7 +9,7 @@ import pytest
 from rlfleet.services.buffer.filters import dynamic_sampling, load_filters
 from rlfleet.services.buffer.mutations import AckSteps, Add, Close, Counters, Deliver, Issue, Mutation, decode, encode
 from rlfleet.services.buffer.state import State
-from rlfleet.services.buffer.stores.embedded import LOG_NAME, EmbeddedStore
+from rlfleet.services.buffer.stores.embedded import LOG_NAME, EmbeddedStore, LogCorrupt
 from rlfleet.services.buffer.stores.logfile import read_records
 
 
@@ -45,7 +45,9 @@ def test_replay_rebuilds_state(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["torn", "flipped"])
-def test_a_damaged_last_record_is_cut_off(tmp_path: Path, damage: str) -> None:
+def test_a_torn_last_record_is_cut_off_and_a_flipped_one_refused(tmp_path: Path, damage: str) -> None:
+    """A torn last commit (a write that did not finish, never acknowledged) is cut; a complete last commit with a
+    flipped bit may be an acknowledged one: refused, naming the offset, and nothing is cut."""
     store = EmbeddedStore(tmp_path, fsync="no")
     fill(store, 2)
     store.close()
@@ -57,14 +59,19 @@ def test_a_damaged_last_record_is_cut_off(tmp_path: Path, damage: str) -> None:
     store.close()
     data = path.read_bytes()
     assert len(data) > len(good)
-    if damage == "torn":
-        path.write_bytes(data[:-3])
-    else:
+    if damage == "flipped":
         path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        with pytest.raises(LogCorrupt, match=rf"corrupt last frame at offset {len(good)} \(a flipped bit at offset "
+                                             rf"{len(data) - 1} "):
+            EmbeddedStore(tmp_path).load()
+        assert path.read_bytes() == data[:-1] + bytes([data[-1] ^ 1])     # nothing cut
+        return
+    path.write_bytes(data[:-3])
     store = EmbeddedStore(tmp_path)
     state = store.load()
     assert "g9" not in state.open and list(state.ready) == ["g0", "g1"]
     assert path.stat().st_size == len(good)             # cut off, so later appends are readable
+    assert (tmp_path / f"{LOG_NAME}.torn-0").read_bytes() == data[len(good):-3]     # the cut bytes are kept
     store.commit([Issue("g2", 2, 2, 1e9, "r")], state)
     store.close()
     assert "g2" in EmbeddedStore(tmp_path).load().open

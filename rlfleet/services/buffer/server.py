@@ -27,6 +27,7 @@ from rlfleet.services.buffer.filters import load_filters
 from rlfleet.services.buffer.service import SERVICE, BufferService, add_to_server
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.stores import StoreError
+from rlfleet.services.buffer.stores.embedded import LogCorrupt
 from rlfleet.services.buffer.stores.factory import open_store
 
 log = logging.getLogger("buffer")
@@ -34,7 +35,8 @@ SERVICE_NAME = SERVICE
 
 
 def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience: float = 30.0) -> BufferCore:
-    """Open the store (retrying while it is unreachable, e.g. Redis still starting) and load the state; samples the
+    """Open the store (retrying while it is unreachable, e.g. Redis still starting; a corrupt log is refused at
+    once) and load the state; samples the
     trainer's checkpoints committed after the store's last Ack are dropped (reason `trained`), never delivered."""
     metrics = BufferMetrics(registry) if registry is not None else None
     filters = load_filters(cfg.buffer.filters)
@@ -48,10 +50,21 @@ def build_core(cfg: Config, registry: CollectorRegistry | None = None, patience:
             core.drop_trained(committed_after(cfg.run_dir, core.state.committed_step))
             return core
         except StoreError as exc:
-            if time.monotonic() > end:
+            if isinstance(exc, LogCorrupt) or time.monotonic() > end:   # a damaged log does not heal: refuse now
                 raise
             log.warning("store not ready (%s); retrying", exc)
             time.sleep(1.0)
+
+
+def write_stats(core: BufferCore, jsonl: JsonlLog) -> None:
+    """One record of the buffer's stats in its metrics log (each 10 s)."""
+    try:
+        s = core.stats()
+    except StoreError as exc:
+        log.warning("stats unavailable: %s", exc)
+        return
+    jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
+                 "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
 
 
 def start_server(core: BufferCore, bind: str, token: Credential) -> Server:
@@ -104,18 +117,21 @@ class BufferServer:
         bind = listen_address(cfg.endpoints.buffer, args.listen)
         self.server = start_server(self.core, bind, args.token)
         serve_metrics(registry, args.metrics_port, cfg.security.metrics_bind)
-        self.jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl")
+        self.metrics = self.core.metrics
+        self.jsonl = JsonlLog(cfg.run_dir / "metrics" / "buffer.jsonl", on_error=self._log_record_dropped)
         log.info("buffer serving on %s (store %s, port %d)", bind, cfg.buffer.store, self.server.port)
         watch_health(self.core, self.server, self.stop)
 
+    def _log_record_dropped(self, exc: OSError) -> None:
+        """A metrics record the disk did not take: dropped and counted, never raised out of the serve loop."""
+        if self.metrics is not None:
+            self.metrics.dropped_log_records.inc()
+        if self.jsonl.dropped == 1 or self.jsonl.dropped % 100 == 0:
+            log.warning("metrics log %s: cannot write (%s); records dropped so far: %d", self.jsonl.path, exc,
+                        self.jsonl.dropped)
+
     def _write_stats(self) -> None:
-        try:
-            s = self.core.stats()
-        except StoreError as exc:
-            log.warning("stats unavailable: %s", exc)
-            return
-        self.jsonl.write({"service": "buffer", "stored": s.stored_samples, "ready_groups": s.ready_groups,
-                          "acked": s.acked_samples, "put": s.put_samples, "dropped": dict(s.dropped)})
+        write_stats(self.core, self.jsonl)
 
     def serve(self) -> Outcome:
         serve_until(self.stop, self._write_stats, tick_every=10.0)

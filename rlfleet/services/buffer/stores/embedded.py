@@ -10,36 +10,73 @@ a commit whole or not at all. Durability per `fsync`:
   everysec  a background thread fsyncs once a second: a power loss (not a process crash) loses up to ~1 s of
             acknowledged Puts, deliveries and Acks.
   no        never fsynced by the buffer (the OS flushes): a power loss loses whatever the OS had not written.
-On start the log is scanned: a torn tail (a bad frame with no intact frame after it, e.g. zero-filled) is cut off; a
-bad frame followed by intact ones is corruption and load() refuses with a LogCorrupt naming the file and offset
-(`rlfleet buffer verify|salvage RUN_DIR`). When the log grows well past the live data it is compacted: the state's
-snapshot is written to a temporary file, fsynced and renamed over the log; a failed compaction (disk full) leaves
-the old log serving and is retried later.
+On start the log is scanned: a torn tail (a bad last frame that looks like a write that did not finish, e.g.
+zero-filled) is cut off, its bytes kept beside the log; a bad frame followed by intact ones, or a damaged complete
+last commit, is corruption and load() refuses with a LogCorrupt naming the file and offset (`rlfleet buffer
+verify|salvage RUN_DIR`). Then the log and its folder are fsynced before anything is served from them. When the
+log grows well past the live data it is compacted: the state's snapshot is written to a temporary file, fsynced
+and renamed over the log; a failed compaction leaves the old log serving and is retried later. An append that
+meets a full disk compacts at once (when that frees space) and is written once more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlfleet.run_dir.atomic import fsync_dir, write_bytes_atomic
 from rlfleet.services.buffer.mutations import Mutation, decode, encode
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import StoreError
-from rlfleet.services.buffer.stores.logfile import AppendLog, Scan, frame_parts, replace_with, scan
+from rlfleet.services.buffer.stores.logfile import (
+    HEADER_BYTES,
+    AppendLog,
+    Scan,
+    frame_parts,
+    replace_with,
+    scan_bytes,
+)
 
 _LEN = struct.Struct("<I")
 LOG_NAME = "buffer.log"
 PREALLOCATE_BYTES = 4 << 20     # zeros kept ahead of the log when every commit is fsynced (see AppendLog)
 FSYNC_POLICIES = ("always", "everysec", "no")
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)   # EFBIG: past RLIMIT_FSIZE (how tests fill a disk)
 log = logging.getLogger(__name__)
 
 
 class LogCorrupt(StoreError):
-    """The log holds a bad frame with intact commits after it: refused, never cut (see `rlfleet buffer verify`)."""
+    """The log holds damage that may have taken acknowledged commits (a bad frame with intact commits after it, a
+    damaged complete last commit, a commit that does not replay): refused at once, never cut (see `rlfleet buffer
+    verify`)."""
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem of directory."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def free_name(path: Path, kind: str) -> Path:
+    """path's name + .KIND-N for the first N not taken: where a copy of the log is kept before it is changed."""
+    n = 0
+    while path.with_name(f"{path.name}.{kind}-{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}.{kind}-{n}")
+
+
+def keep_beside(path: Path, kind: str) -> Path:
+    """Keep the file at path under a free .KIND-N name beside it (a hard link, so no copy), durably."""
+    keep = free_name(path, kind)
+    os.link(path, keep)
+    fsync_dir(path.parent)
+    return keep
 
 
 def _body_parts(m: Mutation) -> list[bytes]:
@@ -91,7 +128,7 @@ def replay(result: Scan) -> State:
             for m in muts:
                 state.apply(m)
         except Exception as exc:   # a decoder or State.apply error: reported as the store's, with its place
-            raise StoreError(f"{result.path}: commit at offset {offset} cannot be replayed: "
+            raise LogCorrupt(f"{result.path}: commit at offset {offset} cannot be replayed: "
                              f"{type(exc).__name__}: {exc}") from exc
     return state
 
@@ -110,6 +147,8 @@ class EmbeddedStore:
         self._log: AppendLog | None = None
         self._live_bytes = 0
         self._compact_after = 0            # log size a compaction is next tried at (after a failed one: later)
+        self._compact_failed: tuple[int, int] | None = None   # (free disk bytes, log size) at a failure for space
+        self._failed_bytes = 0             # size of the last commit that could not be written
         # group commit: byte counters over the store's life (never reset, so tokens outlive compactions)
         self._cv = threading.Condition()
         self._appended = 0                 # bytes written
@@ -129,28 +168,45 @@ class EmbeddedStore:
             if self._log is not None:
                 self._log.close()
                 self._log = None
-            result = scan(self.path)
+            data = self.path.read_bytes() if self.path.exists() else b""
+            result = scan_bytes(self.path, data)
             if result.damage is not None and not result.damage.torn_tail:
                 raise LogCorrupt(f"{result.describe()}; refusing to start: run `rlfleet buffer verify` / "
                                  f"`rlfleet buffer salvage` on the run folder")
             state = replay(result)
-            if result.damage is not None:
-                log.warning("%s; cut off", result.describe())
             try:
+                if result.damage is not None:
+                    kept = self._keep_tail(data[result.damage.offset:])
+                    log.warning("%s; cut off%s", result.describe(), f" (its bytes kept as {kept})" if kept else "")
                 if result.legacy:
-                    log.warning("%s: old log format; rewriting it as commit frames", self.path)
+                    kept = keep_beside(self.path, "legacy")
+                    log.warning("%s: old log format; rewriting it as commit frames (the original kept as %s)",
+                                self.path, kept)
                     self._log = replace_with(self.path, self._snapshot_frames(state), self._preallocate)
                 else:
                     self._log = AppendLog(self.path, result.end, preallocate=self._preallocate)
+                    # what a killed process wrote is only in the page cache: make it durable before anything is
+                    # served or acknowledged from it (a retried Put answered as a duplicate, a re-asked batch)
+                    self._log.fsync()
+                    fsync_dir(self.dir)
             except OSError as exc:
                 raise StoreError(f"buffer log {self.path}: {exc}") from exc
-            self._live_bytes = self.synced_size = self._log.size   # a torn tail cut: what is left is on disk
+            self._live_bytes = self.synced_size = self._log.size   # fsynced above (replace_with fsyncs its file)
             self._compact_after = max(self.compact_min_bytes, 4 * self._live_bytes)
             self._appended = self._durable = self._suspect = max(self._appended, self._suspect)
         if self.fsync == "everysec" and self._syncer is None:
             self._syncer = threading.Thread(target=self._sync_loop, name="buffer-fsync", daemon=True)
             self._syncer.start()
         return state
+
+    def _keep_tail(self, tail: bytes) -> Path | None:
+        """Keep the bytes of a torn tail beside the log before it is cut (unless they are only zeros)."""
+        tail = tail.rstrip(b"\0")
+        if not tail:
+            return None
+        path = free_name(self.path, "torn")
+        write_bytes_atomic(path, tail)
+        return path
 
     @property
     def log_bytes(self) -> int:
@@ -161,13 +217,20 @@ class EmbeddedStore:
     def append(self, mutations: list[Mutation], state: State) -> int:
         """Write one commit (state: before it is applied); returns the token to sync(). Callers serialize appends."""
         assert self._log is not None, "load() first"
-        if self._log.size > self._compact_after:
+        if self._log.size > self._compact_after and self._space_freed():
             self._try_compact(state)
-        before = self._log.size
+        before, buffers = self._log.size, frame_parts(commit_parts(mutations))
         try:
-            self._log.append_buffers(frame_parts(commit_parts(mutations)))
+            try:
+                self._log.append_buffers(buffers)
+            except OSError as exc:       # cut back: the zeros written ahead of the log are given back too
+                if exc.errno not in DISK_FULL or not self._compact_on_disk_full(state):
+                    raise
+                before = self._log.size
+                self._log.append_buffers(buffers)          # once more, into the compacted log
         except OSError as exc:
             self.failure = f"buffer log {self.path}: {exc}"
+            self._failed_bytes = sum(len(b) for b in buffers)
             raise StoreError(self.failure) from exc
         with self._cv:
             self._appended += self._log.size - before
@@ -240,9 +303,17 @@ class EmbeddedStore:
         return self.failure is None
 
     def probe(self) -> bool:
-        """After a failure: try an empty commit and its fsync (callers serialize it with append). True if healthy."""
+        """After a failure: can the log take the commit that failed? Room for it is written (zeros ahead of the
+        log, where the next commit goes without growing the file), then an empty commit and its fsync (callers
+        serialize it with append). True if healthy: an empty commit alone fits where a real one does not."""
         if self.failure is None:
             return True
+        if self._log is None:                 # a reload failed: the next call loads again
+            return False
+        try:
+            self._log.reserve(self._log.size + HEADER_BYTES + max(self._failed_bytes, HEADER_BYTES))
+        except OSError:
+            return False
         try:
             self.commit([], State())
         except StoreError:
@@ -253,11 +324,11 @@ class EmbeddedStore:
     def _snapshot_frames(self, state: State) -> list[bytes]:
         return frame_parts(commit_parts(state.snapshot()))
 
-    def compact(self, state: State) -> None:
-        """Rewrite the log as the snapshot of state (which must equal the log's content). On error the old log is
-        untouched and keeps serving."""
+    def compact(self, state: State, frames: list[bytes] | None = None) -> None:
+        """Rewrite the log as the snapshot of state (which must equal the log's content; frames: that snapshot's,
+        if already made). On error the old log is untouched and keeps serving."""
         assert self._log is not None
-        frames = self._snapshot_frames(state)
+        frames = self._snapshot_frames(state) if frames is None else frames
         with self._exclusive():
             new = replace_with(self.path, frames, self._preallocate)
             old, self._log = self._log, new
@@ -267,15 +338,49 @@ class EmbeddedStore:
                 self.synced_size = new.size
         self._live_bytes = new.size
         self._compact_after = max(self.compact_min_bytes, 4 * self._live_bytes)
+        self._compact_failed = None
 
     def _try_compact(self, state: State) -> None:
         try:
             self.compact(state)
         except OSError as exc:
             assert self._log is not None
-            self._compact_after = self._log.size + max(self.compact_min_bytes, self._live_bytes)
+            if exc.errno in DISK_FULL:      # the log cannot grow to a later retry point: retry when it grows again
+                self._compact_after = self._log.size
+                self._compact_failed = (free_bytes(self.dir), self._log.size)
+            else:
+                self._compact_after = self._log.size + max(self.compact_min_bytes, self._live_bytes)
             log.warning("buffer log %s: compaction failed (%s); the old log keeps serving, retried at %d bytes",
                         self.path, exc, self._compact_after)
+
+    def _compact_on_disk_full(self, state: State) -> bool:
+        """An append met a full disk (and gave back the zeros written ahead): compact at once if the snapshot is
+        smaller than the log, unless a compaction already failed for space and none was freed since. True if the
+        log was compacted."""
+        assert self._log is not None
+        frames = self._snapshot_frames(state)
+        if sum(len(b) for b in frames) >= self._log.size:
+            return False
+        if not self._space_freed():
+            return False
+        free = free_bytes(self.dir)
+        try:
+            self.compact(state, frames)
+        except OSError as exc:
+            self._compact_failed = (free, self._log.size)
+            log.warning("buffer log %s: the disk is full and compaction failed too (%s); retried when space is "
+                        "freed", self.path, exc)
+            return False
+        log.warning("buffer log %s: the disk is full; compacted to %d bytes", self.path, self._log.size)
+        return True
+
+    def _space_freed(self) -> bool:
+        """After a compaction failed for lack of space: True once the disk has more free space than then, or (a
+        quota or file size limit statvfs does not show) the log grew by another compaction step since."""
+        if self._compact_failed is None:
+            return True
+        free, size = self._compact_failed
+        return free_bytes(self.dir) > free or self.log_bytes >= size + max(self.compact_min_bytes, self._live_bytes)
 
     # ---- background fsync (everysec) and close ---------------------------------------------------------------------
     def _sync_loop(self) -> None:

@@ -1,12 +1,15 @@
 """An append-only file of checksummed frames: [b"RLFC"][u32 length][u32 crc32 of length+body][body].
 
 A frame is one commit (rlfleet.services.buffer.stores.embedded), so replay applies a commit whole or not at all. Reading
-tells a torn tail from corruption: a bad frame with no intact frame anywhere after it is a torn tail (a crash
-mid-append, a tail the filesystem zero-filled) and is cut off; a bad frame followed by an intact one is corruption,
-and scan() reports it (file, offset, what follows) instead of cutting acknowledged commits away.
+tells a torn tail from corruption: a bad frame followed by an intact one is corruption; a bad last frame is a torn
+tail (cut off) only when it looks like a write that did not finish, else it too is corruption
+(rlfleet.services.buffer.stores.tail_check); scan() reports corruption (file, offset, what follows) instead of
+cutting acknowledged commits away.
 
 A log written before frames had the magic (one mutation per [u32 length][u32 crc32][body] frame, no commit
-boundaries) is read by scan_legacy; the embedded store rewrites it in the current format on load.
+boundaries) is read by scan_legacy, but only a file whose first frame positively parses as one (a log of the
+current format whose magic took a flipped bit is not mistaken for it); the embedded store rewrites it in the current
+format on load, keeping the original beside it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlfleet.run_dir.atomic import fsync_dir
+from rlfleet.services.buffer.stores.tail_check import MAGIC, classify_tail
 
-MAGIC = b"RLFC"
 _LEN = struct.Struct("<I")
 _HEAD = struct.Struct("<4sII")          # magic, body length, crc32(length bytes + body)
 _LEGACY = struct.Struct("<II")          # length, crc32(body)
@@ -79,11 +82,13 @@ def body_at(data: bytes, pos: int) -> bytes:
 class Damage:
     offset: int                        # where the first bad frame starts
     reason: str
-    intact_after: tuple[int, ...]      # offsets of intact frames after it (empty: a torn tail)
+    intact_after: tuple[int, ...]      # offsets of intact frames after it
+    corrupt_tail: bool = False         # no intact frame after it, yet not what a torn write leaves
 
     @property
     def torn_tail(self) -> bool:
-        return not self.intact_after
+        """A write that did not finish (never acknowledged): cut at the next start. Anything else is refused."""
+        return not self.intact_after and not self.corrupt_tail
 
 
 @dataclass
@@ -104,6 +109,9 @@ class Scan:
         if d.torn_tail:
             return (f"{self.path}: {len(self.frames)} commits intact; torn tail of {self.size - d.offset} bytes at "
                     f"offset {d.offset} ({d.reason})")
+        if not d.intact_after:
+            return (f"{self.path}: corrupt last frame at offset {d.offset} ({d.reason}): it may be an acknowledged "
+                    f"commit; {len(self.frames)} commits before it are intact")
         return (f"{self.path}: corrupt frame at offset {d.offset} ({d.reason}) followed by "
                 f"{len(d.intact_after)} intact frames (first at offset {d.intact_after[0]}); {len(self.frames)} "
                 f"commits before it are intact")
@@ -111,16 +119,18 @@ class Scan:
 
 def scan_bytes(path: Path, data: bytes) -> Scan:
     """Every intact frame of data, and the first damage: a torn tail or a corrupt frame with intact ones after it."""
-    if data and data[:4] != MAGIC:
+    if is_legacy(data):
         return scan_legacy(path, data)
     out = Scan(Path(path), len(data))
     view, pos = memoryview(data), 0
     while pos < len(data):
         end, why = _frame_at(view, pos)
         if why:
-            if data.count(0, pos) == len(data) - pos:
-                why = "zeros: space written ahead of the log, or a crash's zero fill"
-            out.damage = Damage(pos, why, tuple(intact_frames_after(view, pos)))
+            after = tuple(intact_frames_after(view, pos))
+            corrupt = False
+            if not after:
+                why, corrupt = classify_tail(view, pos)
+            out.damage = Damage(pos, why, after, corrupt)
             break
         out.frames.append((pos, bytes(view[pos + _HEAD.size:end])))
         pos = end
@@ -146,9 +156,20 @@ def scan(path: Path) -> Scan:
     return scan_bytes(path, path.read_bytes() if path.exists() else b"")
 
 
+def is_legacy(data: bytes) -> bool:
+    """A log of the format before commit frames: no magic, and its first frame is intact with a non-empty body
+    (zeros, or a current log whose magic took a flipped bit, are not)."""
+    if len(data) < _LEGACY.size or data[:4] == MAGIC:
+        return False
+    length, crc = _LEGACY.unpack_from(data)
+    body = data[_LEGACY.size:_LEGACY.size + length]
+    return 0 < length == len(body) and zlib.crc32(body) == crc
+
+
 def scan_legacy(path: Path, data: bytes) -> Scan:
     """A log of the format before commit frames: each intact frame's body is one mutation. A bad frame ends it
-    (that format cannot tell a torn tail from corruption; nothing after it is trusted)."""
+    (that format cannot tell a torn tail from corruption; nothing after it is trusted): a torn tail when it runs
+    past the end of the file or only zeros follow, else refused as corruption."""
     out, pos = Scan(Path(path), len(data), legacy=True), 0
     while pos + _LEGACY.size <= len(data):
         length, crc = _LEGACY.unpack_from(data, pos)
@@ -159,7 +180,11 @@ def scan_legacy(path: Path, data: bytes) -> Scan:
         pos += _LEGACY.size + length
     out.end = pos
     if pos < len(data):
-        out.damage = Damage(pos, "bad frame in a log of the old format", ())
+        rest = len(data) - pos
+        torn = data.count(0, pos) == rest or rest < _LEGACY.size or pos + _LEGACY.size + _LEGACY.unpack_from(
+            data, pos)[0] > len(data)
+        out.damage = Damage(pos, "bad frame in a log of the old format" + (
+            " (an append that did not finish)" if torn else "; what follows cannot be told apart"), (), not torn)
     return out
 
 
@@ -238,6 +263,16 @@ class AppendLog:
         else:
             self._zero_fill_failed = False
         self.file_size = start
+
+    def reserve(self, end: int) -> None:
+        """Write zeros from the file's end to `end`, raising OSError when the disk cannot take them (what is written
+        stays: zeros ahead of the log, where later appends go without growing the file)."""
+        start = self.file_size
+        try:
+            while start < end:
+                start += os.pwrite(self._fd, _ZEROS[:min(end - start, len(_ZEROS))], start)
+        finally:
+            self.file_size = max(self.file_size, start)
 
     def _cut(self) -> None:
         os.ftruncate(self._fd, self.size)

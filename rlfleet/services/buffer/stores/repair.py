@@ -1,7 +1,10 @@
 """`rlfleet buffer verify|salvage RUN_DIR`: report what the embedded log holds, and recover what is intact.
 
 verify reads RUN_DIR/buffer/buffer.log and says whether it is intact, ends in a torn tail (cut at the next start),
-or is corrupt (a bad frame with intact commits after it: the buffer refuses to start). salvage rebuilds the state
+or is corrupt (a bad frame with intact commits after it, or a damaged last commit that no torn write leaves, or a
+commit that does not replay: the buffer refuses to start); it exits non-zero exactly then, when acknowledged history
+may be lost. An all-zero log is a torn tail at offset 0 (no commit ever completed): verify, salvage and the buffer
+agree that it starts empty. salvage rebuilds the state
 from the intact commits before the damage plus every intact commit after it that still applies on top (in order;
 one that does not is skipped and reported), keeps the damaged file as buffer.log.corrupt-N and writes the
 salvaged state as a fresh log. The buffer must not be running (the log's lock says so).
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import StoreError
-from rlfleet.services.buffer.stores.embedded import LOG_NAME, commit_parts, decode_commit, replay
+from rlfleet.services.buffer.stores.embedded import LOG_NAME, commit_parts, decode_commit, keep_beside, replay
 from rlfleet.services.buffer.stores.logfile import AppendLog, Scan, body_at, frame_parts, replace_with, scan, scan_bytes
 
 
@@ -83,11 +86,7 @@ def salvage(run_dir: Path) -> Report:
                 skipped.append(f"offset {offset}: {type(exc).__name__}: {exc}")
                 continue
             state, kept = trial, kept + 1
-        n = 0
-        while path.with_name(f"{LOG_NAME}.corrupt-{n}").exists():
-            n += 1
-        keep = path.with_name(f"{LOG_NAME}.corrupt-{n}")
-        keep.write_bytes(data)
+        keep = keep_beside(path, "corrupt")        # a hard link to the damaged file, renamed over next
         replace_with(path, frame_parts(commit_parts(state.snapshot()))).close()
     finally:
         lock.close()
