@@ -24,8 +24,11 @@ from rlfleet.services.buffer.mutations import (
 
 
 def prompt_of(gid: str) -> int | None:
-    """The prompt index a group id names (`g<index>`), or None for an id the buffer never issued."""
-    return int(gid[1:]) if gid[:1] == "g" and gid[1:].isdigit() else None
+    """The prompt index a group id names, or None for an id the buffer never issued. Only the form the buffer issues
+    is read (`g` and the index in ASCII digits without leading zeros), so `g00`, `g٠` or `g²` never alias `g0`."""
+    digits = gid[1:]
+    canonical = gid[:1] == "g" and digits.isascii() and digits.isdigit() and (digits == "0" or digits[0] != "0")
+    return int(digits) if canonical else None
 
 @dataclass
 class Entry:
