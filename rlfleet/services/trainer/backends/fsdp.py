@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from rlfleet.config import Config
 from rlfleet.sample import Sample
+from rlfleet.security.bound_store import rendezvous_store
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import needs_critic, needs_teacher
 from rlfleet.services.trainer.aux_models import FrozenScorer
@@ -63,7 +64,8 @@ def trainer_device(device: str, rank: int) -> torch.device:
 
 
 def init_distributed(rendezvous: str, rank: int, world_size: int, device: torch.device) -> None:
-    """Join the trainer's process group: tcp://rendezvous (MASTER_ADDR:MASTER_PORT env when empty)."""
+    """Join the trainer's process group at rendezvous host:port (MASTER_ADDR:MASTER_PORT env when empty); rank 0
+    holds the store, bound to that host (or RLFLEET_POD_IP) when it is this machine's."""
     if dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -76,8 +78,10 @@ def init_distributed(rendezvous: str, rank: int, world_size: int, device: torch.
         return
     if not rendezvous:
         raise ValueError(f"trainer.world_size={world_size} needs endpoints.rendezvous (host:port)")
-    dist.init_process_group(backend, init_method=f"tcp://{rendezvous}", rank=rank, world_size=world_size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    host, _, port = rendezvous.rpartition(":")
+    # rank 0's store listens on the rendezvous host only when it can (rlfleet/security/bound_store.py)
+    store = rendezvous_store(host.strip("[]"), int(port), rank, world_size, COLLECTIVE_TIMEOUT)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
