@@ -357,10 +357,14 @@ class Trainer:
         return self._finish(last, eval_metrics)
 
     def _finish(self, last: dict[str, float], eval_before: dict[str, float]) -> dict[str, Any]:
-        if not self.leader:
-            self._evaluate(self.cfg.trainer.steps)        # waits out rank 0's final evaluation in heartbeats
+        if not self.leader:                               # wait out rank 0's checks in heartbeats (leader_wait.py)
+            leader_work(None, self.device, self._heartbeat, "final verify")
+            self._evaluate(self.cfg.trainer.steps)
             return {}
-        verify = self.leader.weight_sync.verify(self.version, self.cfg.weight_sync.update_timeout)
+        weight_sync = self.leader.weight_sync
+        verify = leader_work(lambda: weight_sync.verify(self.version, self.cfg.weight_sync.update_timeout),
+                             self.device, self._heartbeat, "final verify")
+        assert verify is not None
         if not verify.all_current:
             log.warning("not every replica acknowledged the final version %d", self.version)
         eval_after = self._evaluate(self.cfg.trainer.steps)
