@@ -124,7 +124,8 @@ def test_rendered_redis_refuses_everyone_but_the_buffer_user(objects: list[dict]
 
 def test_trainer_ranks_are_given_their_pod_ip_to_bind_the_rendezvous_store_to(objects: list[dict]) -> None:
     """torch's TCPStore master listens on every interface; rank 0 binds RLFLEET_POD_IP (the downward API's
-    status.podIP) instead when the rendezvous name does not resolve to this pod yet (rlfleet/security/bound_store.py)."""
+    status.podIP) instead when the rendezvous name does not resolve to this pod yet
+    (rlfleet/security/bound_store.py)."""
     trainer = component(objects, "StatefulSet", "trainer")
     env = {e["name"]: e for e in pod_spec(trainer)["containers"][0]["env"]}
     assert env[POD_IP_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}

@@ -32,7 +32,7 @@ from tests.support.calculator_model import calculator_model_dir
 
 torch.set_num_threads(1)
 KEY, OTHER = "limits-key", "other-tenant-key"
-MESSAGES = [{"role": "user", "content": "1+1="}]
+MESSAGES: list[Any] = [{"role": "user", "content": "1+1="}]
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_a_deeply_nested_body_is_a_400_and_the_replica_stays_routed(pair: Any) -
         assert "nests too deeply" in r.json()["error"]["message"]
     # the gateway did not take the replica out of its routing: the next request is served at once
     client = openai.OpenAI(base_url=gateway.base_url, api_key=KEY, max_retries=0)
-    done = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)   # type: ignore[arg-type]
+    done = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)
     assert done.choices[0].finish_reason in ("stop", "length")
 
 
@@ -194,15 +194,15 @@ def test_a_session_is_seen_and_touched_only_under_the_key_that_opened_it(pair: A
     sid = f"tenant-a-{which}"
     owner = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
     intruder = openai.OpenAI(base_url=server.base_url, api_key=OTHER, max_retries=0)
-    first = owner.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2,  # type: ignore[arg-type]
+    first = owner.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2,
                                           extra_headers={SESSION_HEADER: sid})
     url = f"{server.base_url}/sessions/{sid}"
     assert httpx.get(url, headers={"Authorization": f"Bearer {OTHER}"}).status_code == 404
     assert httpx.delete(url, headers={"Authorization": f"Bearer {OTHER}"}).status_code == 404
-    reply = {"role": "assistant", "content": first.choices[0].message.content or ""}
+    reply: Any = {"role": "assistant", "content": first.choices[0].message.content or ""}
     with pytest.raises(openai.NotFoundError):
-        intruder.chat.completions.create(model="m", messages=[*MESSAGES, reply, {"role": "user", "content": "2"}],
-                                         max_tokens=2, extra_headers={SESSION_HEADER: sid})  # type: ignore[arg-type]
+        intruder.chat.completions.create(model="m", messages=[*MESSAGES, reply, *MESSAGES],
+                                         max_tokens=2, extra_headers={SESSION_HEADER: sid})
     record = httpx.get(url, headers={"Authorization": f"Bearer {KEY}"})
     assert record.status_code == 200
     assert record.json()["turns"] == 1                      # the intruder's request added nothing
