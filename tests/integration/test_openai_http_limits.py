@@ -208,3 +208,20 @@ def test_a_session_is_seen_and_touched_only_under_the_key_that_opened_it(pair: A
     assert record.json()["turns"] == 1                      # the intruder's request added nothing
     assert httpx.delete(url, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
     assert httpx.get(url, headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
+
+
+@pytest.mark.parametrize("which", ["replica", "gateway"])
+def test_expect_100_continue_goes_on_only_with_the_key(pair: Any, which: str) -> None:
+    """curl sends `Expect: 100-continue` before a large body: a wrong key gets the 401 instead of the go-ahead."""
+    server = _server(pair, which)
+    body = json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 2}).encode()
+    for key, first in (("wrong", b"HTTP/1.1 401"), (KEY, b"HTTP/1.1 100")):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode()
+                         + b"\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n")
+            head = _status_line(sock, 10.0)
+            assert head.startswith(first), head
+            if key == KEY:
+                sock.sendall(body)
+                assert _status_line(sock, 30.0).startswith(b"HTTP/1.1 200")

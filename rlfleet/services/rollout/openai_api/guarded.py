@@ -7,6 +7,7 @@
   operation (writing the answer) waits at most `io_seconds`.
 - **The body is read only when asked for** (`read_body`, after the API key check): an answer sent before it (401,
   404, 413) says `Connection: close` and the connection ends, so unread body bytes are never taken for a request.
+  A client that asks `Expect: 100-continue` is told to go on only once its key is checked.
   Chunked bodies are refused (411): clients send Content-Length.
 
 `ThreadedHTTPServer` (background.py) caps the connections served at once and refuses the rest at accept.
@@ -82,6 +83,19 @@ class GuardedHandler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> None:
         raise NotImplementedError
+
+    def _authorized(self) -> bool:
+        """Whether the request carries a valid key; answers 401 itself when not."""
+        raise NotImplementedError
+
+    def handle_expect_100(self) -> bool:
+        """`Expect: 100-continue`: the client waits for a go before it sends the body. It gets one only with a valid
+        key; without, the 401 (and the connection's end) instead."""
+        if not self._authorized():
+            return False
+        self.send_response_only(100)
+        BaseHTTPRequestHandler.end_headers(self)      # an interim answer: the body is still to come
+        return True
 
     def _declares_body(self) -> bool:
         headers = getattr(self, "headers", None)
