@@ -19,17 +19,11 @@ import io
 import socket
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Protocol
+from typing import Any
 
 HEADER_SECONDS = 30.0      # longer than httpx's 5 s keep-alive expiry: an idle pooled connection is the client's to end
 BODY_SECONDS = 120.0       # 8 MiB at ~70 KB/s
 IO_SECONDS = 60.0          # a reader that takes nothing of the answer (or an SSE stream) for this long is dropped
-
-
-class GuardedServer(Protocol):
-    header_seconds: float
-    body_seconds: float
-    io_seconds: float
 
 
 class _DeadlineReader(io.RawIOBase):
