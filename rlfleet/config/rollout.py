@@ -88,11 +88,16 @@ class OpenAIEndpointConfig(Section):
     port: int = Field(0, ge=0, le=65535, description="replica i listens on port+i; 0: a free port (the replica "
                       "writes its address to RUN_DIR/openai/<replica>.json)")
     api_key_file: str | None = Field(None, description="mtls mode: the API key clients send as a bearer token "
-                                     "(0600); default RUN_DIR/pki/openai-api.key, made by rlfleet run. token mode: "
-                                     "the run token; none: no key")
+                                     "(0600); default RUN_DIR/pki/openai-api.key, made by rlfleet run. It may list "
+                                     "several keys, one a line (one per tenant: a session is bound to the key that "
+                                     "opened it; rollout functions use the first). token mode: the run token; none: "
+                                     "no key")
     max_sessions: int = Field(4096, ge=1, description="TITO sessions held at once; the least recently used "
                               "beyond this are dropped")
     request_timeout: float = Field(600.0, gt=0, description="seconds a completion may take before it fails (504)")
+    max_connections: int = Field(256, ge=1, description="connections each endpoint (and the gateway) serves at "
+                                 "once, a thread each; more are refused at accept (503). Idle or half-sent "
+                                 "requests are dropped after 30 s")
     gateway_port: int = Field(0, ge=0, le=65535, description="rlfleet run also serves one entry point on bind:this "
                               "port that sends every request of a session to one replica (0: a free port; its "
                               "address is written to RUN_DIR/openai_gateway.json)")

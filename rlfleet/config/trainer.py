@@ -166,6 +166,12 @@ class TrainerConfig(Section):
     tis: TisConfig = Field(TisConfig(), description="Rollout correction.")
     publish_every: int = Field(1, ge=1, description="Publish weights every this many steps.")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every this many steps (and at the end).")
+    collective_timeout_s: float = Field(1800.0, gt=0, description="Seconds a collective of the trainer ranks may "
+                                        "take before torch.distributed fails it (the rank exits and its gang "
+                                        "restarts). Rank 0's waits for a batch or an evaluation do not count: the "
+                                        "other ranks wait in a heartbeat broadcast every min(10, this/10) s. Rank "
+                                        "0's other work of its own (checkpoint export and seal, publishing to "
+                                        "replicas) must fit in it.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept in the run folder (older ones are "
                                   "deleted).")
     hooks: list[str] = Field([], description="Dotted paths to trainer hooks (rlfleet.protocols).")

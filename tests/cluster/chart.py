@@ -53,6 +53,15 @@ def render(values: dict[str, Any] | None = None, release: str = "run1", namespac
     return objects
 
 
+def notes(values: dict[str, Any] | None = None, release: str = "run1", namespace: str = "team-a") -> str:
+    """The chart's NOTES.txt as `helm install` prints it."""
+    import helm_python as helm
+
+    with helm.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(values=values or {}, name=release, namespace=namespace, is_install=True)
+    return next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
+
+
 def by_kind(objects: list[dict], kind: str) -> list[dict]:
     return [o for o in objects if o["kind"] == kind]
 

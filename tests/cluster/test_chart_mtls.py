@@ -36,7 +36,7 @@ from rlfleet.services.buffer.server import start_server
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.stores.embedded import EmbeddedStore
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
-from tests.cluster.chart import ROOT, WORKLOAD_KINDS, all_pod_specs, by_kind, component, pod_spec, render
+from tests.cluster.chart import ROOT, WORKLOAD_KINDS, all_pod_specs, by_kind, component, notes, pod_spec, render
 from tests.cluster.tools import need_module
 
 # cert-manager.io/v1 Certificate spec fields as its CRD documents them (required: issuerRef, secretName).
@@ -185,11 +185,25 @@ def test_token_and_none_are_asked_for_explicitly() -> None:
     buffer = pod_spec(component(token, "Deployment", "buffer"))
     assert "RLFLEET_TOKEN" in _env(buffer["containers"][0]) and not [v for v in buffer["volumes"] if v["name"] == "pki"]
     assert buffer["containers"][0]["readinessProbe"]["grpc"]["port"] == 50051
-    none = render({"security": {"mode": "none"}})
+    none = render({"security": {"mode": "none", "allowInsecure": True}})
     env = _env(pod_spec(component(none, "Deployment", "buffer"))["containers"][0])
     assert "RLFLEET_TOKEN" not in env and IDENTITY_ENV not in env
     with pytest.raises(Exception, match="set security.mode only"):
         render({"runConfig": {"security": {"mode": "token"}}})
+
+
+def test_mode_none_renders_only_when_asked_for_as_insecure_and_then_warns_loudly() -> None:
+    """security.mode none without security.allowInsecure: true fails the render naming both; allowed, NOTES.txt
+    (what helm install prints) opens with a warning; mtls and token print none."""
+    with pytest.raises(Exception, match="security.allowInsecure: true"):
+        render({"security": {"mode": "none"}})
+    with pytest.raises(Exception, match="security.allowInsecure: true"):
+        render({"security": {"mode": "none", "allowInsecure": False}})
+    warned = notes({"security": {"mode": "none", "allowInsecure": True}})
+    assert warned.lstrip().startswith("#") and "WARNING: security.mode is none" in warned
+    assert "anyone who can reach a pod of run1" in warned
+    for values in ({}, {"security": {"mode": "token"}}):
+        assert "WARNING" not in notes(values)
 
 
 # -- cert-manager's part, played here ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from rlfleet.security.bound_store import POD_IP_ENV
 from rlfleet.security.scrub import redis_url_with_credentials
 from rlfleet.services.buffer.stores.redis_streams import RedisStore
 from tests.cluster.chart import WORKLOAD_KINDS, all_pod_specs, by_kind, component, pod_spec, render
@@ -119,3 +120,12 @@ def test_rendered_redis_refuses_everyone_but_the_buffer_user(objects: list[dict]
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_trainer_ranks_are_given_their_pod_ip_to_bind_the_rendezvous_store_to(objects: list[dict]) -> None:
+    """torch's TCPStore master listens on every interface; rank 0 binds RLFLEET_POD_IP (the downward API's
+    status.podIP) instead when the rendezvous name does not resolve to this pod yet
+    (rlfleet/security/bound_store.py)."""
+    trainer = component(objects, "StatefulSet", "trainer")
+    env = {e["name"]: e for e in pod_spec(trainer)["containers"][0]["env"]}
+    assert env[POD_IP_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}

@@ -219,13 +219,22 @@ def test_verify_sent_answers_the_last_update_without_reading_back(tiny: Path) ->
         engine.shutdown()
 
 
-def test_server_command_carries_tp_and_api_key_from_the_run_config(tiny: Path) -> None:
-    from rlfleet.services.rollout.engines.sglang.server import SGLangServerSpec
+def test_server_command_carries_tp_and_the_api_key_file_but_never_the_key(tiny: Path, tmp_path: Path) -> None:
+    import yaml
 
-    cmd = SGLangServerSpec(model_path=tiny, device="cuda", tp=8, api_key="k123", mem_fraction_static=0.85,
-                           max_total_tokens=200000).command(30000)
-    assert cmd[cmd.index("--tp-size") + 1] == "8" and cmd[cmd.index("--api-key") + 1] == "k123"
+    from rlfleet.services.rollout.engines.sglang.server import SGLangServerSpec, write_key_config
+
+    spec = SGLangServerSpec(model_path=tiny, device="cuda", tp=8, api_key="k123-secret", mem_fraction_static=0.85,
+                            max_total_tokens=200000)
+    key_file = write_key_config(tmp_path, spec.api_key)
+    cmd = spec.command(30000, key_file)
+    assert cmd[cmd.index("--tp-size") + 1] == "8" and cmd[cmd.index("--config") + 1] == str(key_file)
+    assert not any("k123-secret" in arg for arg in cmd) and "--api-key" not in cmd
+    assert yaml.safe_load(key_file.read_text()) == {"api-key": "k123-secret"}
+    assert key_file.stat().st_mode & 0o777 == 0o600
     assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.85"
     assert cmd[cmd.index("--max-total-tokens") + 1] == "200000"
+    with pytest.raises(ValueError, match="key file"):
+        spec.command(30000)                                    # never falls back to --api-key
     plain = SGLangServerSpec(model_path=tiny).command(30000)
-    assert "--tp-size" not in plain and "--api-key" not in plain
+    assert "--tp-size" not in plain and "--config" not in plain

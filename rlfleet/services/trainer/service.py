@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from rlfleet.services.trainer.distributed_exit import collective_threads, leave_
 from rlfleet.services.trainer.evaluation import Evaluator
 from rlfleet.services.trainer.hf_export import export_checkpoint, write_final
 from rlfleet.services.trainer.hooks import call_hooks
+from rlfleet.services.trainer.leader_wait import heartbeat_seconds, leader_work
 from rlfleet.services.trainer.publisher import WeightPublisher, follow_publish
 from rlfleet.services.trainer.servicer import TrainerServicer, TrainerState
 from rlfleet.services.trainer.step import StepContext
@@ -213,20 +215,37 @@ class Trainer:
         self.committed = step
 
     def _evaluate(self, step: int) -> dict[str, float]:
-        if not (self.leader and self.leader.evaluator):
+        """Rank 0 evaluates on the replicas; the other ranks wait for it in heartbeat broadcasts (leader_wait.py)."""
+        if not self.cfg.has_eval:
             return {}
-        metrics = self.leader.evaluator.run(self.version)
-        self.leader.jsonl.write({"step": step, "version": self.version, **metrics})
-        return metrics
+        if not self.leader:
+            leader_work(None, self.device, self._heartbeat, "evaluation")
+            return {}
+        leader = self.leader
+
+        def run() -> dict[str, float]:
+            assert leader.evaluator is not None
+            metrics = leader.evaluator.run(self.version)
+            leader.jsonl.write({"step": step, "version": self.version, **metrics})
+            return metrics
+        return leader_work(run, self.device, self._heartbeat, "evaluation") or {}
 
     def _fetch_batch(self, step: int) -> buffer_pb2.Batch:
         """Rank 0 broadcasts the batch's bytes as the buffer sent them (never serialized again) and keeps the parsed
         Batch; the other ranks parse them."""
         if self.leader:
-            batch, data = self._usable_batch(step)
+            # however long rollout takes to fill it, the other ranks' collectives last a heartbeat each
+            got = leader_work(lambda: self._usable_batch(step), self.device, self._heartbeat, "batch")
+            assert got is not None
+            batch, data = got
             broadcast_bytes(data, self.device)
             return batch
+        leader_work(None, self.device, self._heartbeat, "batch")
         return buffer_pb2.Batch.FromString(broadcast_bytes(None, self.device))
+
+    @property
+    def _heartbeat(self) -> float:
+        return heartbeat_seconds(self.cfg.trainer.collective_timeout_s)
 
     def _usable_batch(self, step: int) -> tuple[buffer_pb2.Batch, bytes]:
         """Rank 0: the batch for `step` (and its bytes), after quarantining (Buffer.Reject) every group this trainer
@@ -284,7 +303,8 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Join the process group, start rank 0's connections and train; call close() after, also on an error."""
-        init_distributed(self.cfg.endpoints.rendezvous, self.rank, self.world_size, self.device)
+        init_distributed(self.cfg.endpoints.rendezvous, self.rank, self.world_size, self.device,
+                         timedelta(seconds=self.cfg.trainer.collective_timeout_s))
         if self.rank == 0:
             self.leader = self._start_leader()
         return self._train()
@@ -337,9 +357,14 @@ class Trainer:
         return self._finish(last, eval_metrics)
 
     def _finish(self, last: dict[str, float], eval_before: dict[str, float]) -> dict[str, Any]:
-        if not self.leader:
+        if not self.leader:                               # wait out rank 0's checks in heartbeats (leader_wait.py)
+            leader_work(None, self.device, self._heartbeat, "final verify")
+            self._evaluate(self.cfg.trainer.steps)
             return {}
-        verify = self.leader.weight_sync.verify(self.version, self.cfg.weight_sync.update_timeout)
+        weight_sync = self.leader.weight_sync
+        verify = leader_work(lambda: weight_sync.verify(self.version, self.cfg.weight_sync.update_timeout),
+                             self.device, self._heartbeat, "final verify")
+        assert verify is not None
         if not verify.all_current:
             log.warning("not every replica acknowledged the final version %d", self.version)
         eval_after = self._evaluate(self.cfg.trainer.steps)

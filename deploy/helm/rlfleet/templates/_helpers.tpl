@@ -213,9 +213,13 @@ prometheus.io/scrape: "true"
 prometheus.io/port: "9400"
 {{- end -}}
 
-{{/* security.mode, checked: mtls needs a certificate source, and existingSecrets names all five. */}}
+{{/* security.mode, checked: mtls needs a certificate source, and existingSecrets names all five; none renders only
+with security.allowInsecure: true. */}}
 {{- define "rlfleet.securityMode" -}}
 {{- $sec := .Values.security -}}
+{{- if and (eq $sec.mode "none") (not $sec.allowInsecure) -}}
+{{- fail "security.mode none turns off authentication and encryption for every service of the run: anyone who can reach a pod can take rollout work, feed the buffer samples and read or replace weights. Use mtls (the default) or token; to render it anyway (a throwaway cluster of your own), also set security.allowInsecure: true" -}}
+{{- end -}}
 {{- if eq $sec.mode "mtls" -}}
 {{- with $sec.existingSecrets -}}
 {{- range $key := list "trainer" "buffer" "weightSync" "controller" "rollout" -}}

@@ -47,7 +47,8 @@ spec:
         (dict "name" "MASTER_ADDR" "value" (include "rlfleet.trainerRank0Host" .))
         (dict "name" "MASTER_PORT" "value" "29500")
         (dict "name" "OMP_NUM_THREADS" "value" (toString .Values.trainer.threads))
-        (dict "name" "RLFLEET_HEALTH_PORT" "value" "50053") -}}
+        (dict "name" "RLFLEET_HEALTH_PORT" "value" "50053")
+        (dict "name" "RLFLEET_POD_IP" "valueFrom" (dict "fieldRef" (dict "fieldPath" "status.podIP"))) -}}
     {{- if .Values.jobSet.enabled }}
     {{- $env = append $env (dict "name" "RLFLEET_POD_INDEX" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.annotations['batch.kubernetes.io/job-completion-index']"))) }}
     {{- else }}

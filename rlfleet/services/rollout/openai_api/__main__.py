@@ -20,7 +20,7 @@ from rlfleet.runtime.service_main import serve_until, stop_on_signals
 from rlfleet.security.credentials import read_token
 from rlfleet.security.modes import security_mode
 from rlfleet.security.pki import CA_CERT
-from rlfleet.services.rollout.openai_api.credentials import LOOPBACK, api_key
+from rlfleet.services.rollout.openai_api.credentials import LOOPBACK, api_keys
 from rlfleet.services.rollout.openai_api.gateway import OpenAIGateway, Routes, http_router, replicas_in
 from rlfleet.services.rollout.openai_api.serve import ADDRESS_DIR
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(ns.config)
         mode = security_mode(cfg.security.mode)
         token = read_token(cfg.security.token_file) if mode.uses_token else None
-        key = api_key(cfg, token)
+        keys = api_keys(cfg, token)
     except (ConfigError, OSError) as exc:
         print(f"openai-gateway: {exc}", file=sys.stderr)
         return 2
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         tls = ssl.create_default_context(cafile=str(Path(cfg.security.pki_dir) / CA_CERT))
     folder = cfg.run_dir / ADDRESS_DIR
     stop = stop_on_signals()
-    gateway = OpenAIGateway(Routes(lambda: replicas_in(folder), http_router(tls)), oc.bind, oc.gateway_port, key,
-                            tls).start()
+    gateway = OpenAIGateway(Routes(lambda: replicas_in(folder), http_router(tls)), oc.bind, oc.gateway_port, keys,
+                            tls, oc.max_connections).start()
     write_text_atomic(cfg.run_dir / GATEWAY_FILE, json.dumps({"base_url": gateway.base_url}))
     logging.getLogger("rlfleet.services.rollout.openai_api").info("OpenAI gateway for the run's replicas at %s",
                                                           gateway.base_url)

@@ -67,9 +67,10 @@ class OpenAIApp:
     def complete(self, body: Mapping[str, Any], session_id: str | None) -> Completion:
         return self.finish(self.begin(body, session_id, chat=False))
 
-    def begin(self, body: Mapping[str, Any], session_id: str | None, chat: bool) -> Turn:
+    def begin(self, body: Mapping[str, Any], session_id: str | None, chat: bool, owner: str | None = None) -> Turn:
         """Position the session (or a throwaway one) for the next engine turn and submit it. The caller must call
-        finish(turn) (it records the turn and frees the session), also when it stops reading."""
+        finish(turn) (it records the turn and frees the session), also when it stops reading. owner: the API key
+        the request came with (its id); a session opened under another is SessionNotFound."""
         if chat:
             messages = messages_of(body)
             if session_id is None:
@@ -78,11 +79,11 @@ class OpenAIApp:
                 except TitoError as exc:
                     raise RequestError(str(exc)) from None
             else:
-                session = self.store.begin_chat(session_id, messages)
+                session = self.store.begin_chat(session_id, messages, owner)
         else:
             prompt = prompt_of(body)
             session = TitoSession.from_prompt(self.tokenizer, prompt) if session_id is None else \
-                self.store.begin_completion(session_id, prompt)
+                self.store.begin_completion(session_id, prompt, owner)
         try:
             return self._submit(session, body, chat, session_id)
         except Exception:

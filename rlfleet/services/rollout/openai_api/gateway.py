@@ -5,8 +5,12 @@ from its endpoint's /health.
 
 The replicas are whatever RUN_DIR/openai/*.json lists now (each replica writes its file when its endpoint starts and
 removes it when it stops), so replicas added by `rlfleet scale` are routed to as they come. A replica that refuses
-the connection is marked down and the request is sent to the next; the answer (JSON or SSE) is relayed as it comes.
-The gateway checks the API key itself and passes it on (every replica of a run has the same key). `rlfleet run`
+the connection is marked down and the request is sent to the next; one that takes the request and then fails
+(drops the connection without an answer) is answered 502 and keeps its health: whatever a request does to a replica
+does not take the replica out of the routing for everyone. The answer (JSON or SSE) is relayed as it comes.
+The gateway checks the API key itself, before it reads the body, and passes it on (every replica of a run has the
+same keys, and each replica binds sessions to the key). Connections: at most `max_connections` at once, each with
+read deadlines (rlfleet/services/rollout/openai_api/guarded.py). `rlfleet run`
 starts it as a process of the run (`python -m rlfleet.services.rollout.openai_api`,
 rlfleet/services/rollout/openai_api/__main__.py).
 
@@ -16,19 +20,19 @@ endpoint.py): its sessions must be recorded where it turns them into samples.
 
 from __future__ import annotations
 
-import hmac
 import http.client
 import json
 import logging
 import ssl
 import threading
-from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlfleet.services.rollout.openai_api.background import BackgroundHTTP, ThreadedHTTPServer
+from rlfleet.services.rollout.openai_api.background import MAX_CONNECTIONS, BackgroundHTTP, ThreadedHTTPServer
+from rlfleet.services.rollout.openai_api.guarded import GuardedHandler
+from rlfleet.services.rollout.openai_api.keys import ApiKeys
 from rlfleet.services.rollout.openai_api.server import MAX_BODY_BYTES, SESSION_HEADER
 from rlfleet.services.rollout.openai_api.wire import error_body
 from rlfleet.services.rollout.router import NoHealthyReplica, ReplicaRouter
@@ -36,6 +40,12 @@ from rlfleet.services.rollout.router import NoHealthyReplica, ReplicaRouter
 log = logging.getLogger(__name__)
 
 RELAY_CHUNK = 64 * 1024
+CONNECT_SECONDS = 10.0          # a replica that does not take the connection by then is unreachable
+UPSTREAM_SECONDS = 3600.0
+
+
+class ReplicaUnreachable(OSError):
+    """The replica's endpoint could not be connected to (refused, no route, failed TLS): it is marked down."""
 
 
 def replicas_in(folder: Path) -> dict[str, str]:
@@ -105,13 +115,13 @@ class Routes:
 
 
 class _GatewayServer(ThreadedHTTPServer):
-    def __init__(self, address: tuple[str, int], routes: Routes, api_key: str | None,
-                 tls: ssl.SSLContext | None) -> None:
-        super().__init__(address, _GatewayHandler)
-        self.routes, self.api_key, self.tls = routes, api_key, tls
+    def __init__(self, address: tuple[str, int], routes: Routes, keys: ApiKeys, tls: ssl.SSLContext | None,
+                 max_connections: int) -> None:
+        super().__init__(address, _GatewayHandler, max_connections)
+        self.routes, self.keys, self.tls = routes, keys, tls
 
 
-class _GatewayHandler(BaseHTTPRequestHandler):
+class _GatewayHandler(GuardedHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True        # headers and body are two writes: no 40 ms delayed-ACK stall
     server: _GatewayServer
@@ -127,29 +137,28 @@ class _GatewayHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _authorized(self) -> bool:
+        if self.server.keys.allows(self.headers.get("Authorization", "")):
+            return True
+        self._error(401, "missing or wrong API key", "authentication_error", "invalid_api_key")
+        return False                              # the body is not read: the answer closes the connection
+
     def do_GET(self) -> None:
-        self._relay(b"")
+        if self._authorized():
+            self._relay(b"")
 
     def do_DELETE(self) -> None:
-        self._relay(b"")
+        if self._authorized():
+            self._relay(b"")
 
     def do_POST(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY_BYTES:
-            self.close_connection = True
-            self._error(413, f"request body must be 0..{MAX_BODY_BYTES} bytes")
+        if not self._authorized():
             return
-        self._relay(self.rfile.read(length))
+        body = self.read_body(MAX_BODY_BYTES)
+        if body is not None:
+            self._relay(body)
 
     def _relay(self, body: bytes) -> None:
-        key = self.server.api_key
-        if key is not None and not hmac.compare_digest(self.headers.get("Authorization", "").encode(),
-                                                       f"Bearer {key}".encode()):
-            self._error(401, "missing or wrong API key", "authentication_error", "invalid_api_key")
-            return
         session = self.headers.get(SESSION_HEADER) or None
         tried: list[str] = []
         while True:
@@ -161,11 +170,17 @@ class _GatewayHandler(BaseHTTPRequestHandler):
                 return
             try:
                 upstream = self._open(urls[endpoint], body)
-            except OSError as exc:
+            except ReplicaUnreachable as exc:
                 log.warning("gateway: replica %s unreachable (%s); marking it down", endpoint, exc)
                 router.mark_down(endpoint)
                 tried.append(endpoint)
                 continue
+            except OSError as exc:
+                log.warning("gateway: replica %s took a %s %s and failed without an answer (%s)", endpoint,
+                            self.command, self.path, exc)
+                self._error(502, f"the replica failed without an answer ({type(exc).__name__})", "server_error",
+                            "replica_failed")
+                return
             self._pass_back(upstream)
             return
 
@@ -173,14 +188,22 @@ class _GatewayHandler(BaseHTTPRequestHandler):
         url = urlsplit(base_url)
         conn: http.client.HTTPConnection
         if url.scheme == "https":
-            conn = http.client.HTTPSConnection(url.hostname or "", url.port, timeout=3600,
+            conn = http.client.HTTPSConnection(url.hostname or "", url.port, timeout=UPSTREAM_SECONDS,
                                                context=self.server.tls)
         else:
-            conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=3600)
+            conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=UPSTREAM_SECONDS)
         path = url.path.removesuffix("/v1") + self.path
         headers = {k: v for k, v in self.headers.items() if k.lower() in
                    ("authorization", "content-type", "accept", SESSION_HEADER.lower())}
         headers["Content-Length"] = str(len(body))
+        conn.timeout = CONNECT_SECONDS
+        try:
+            conn.connect()
+        except OSError as exc:
+            conn.close()
+            raise ReplicaUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        if conn.sock is not None:
+            conn.sock.settimeout(UPSTREAM_SECONDS)     # a generation may take up to the replica's request_timeout
         try:
             conn.request(self.command, path, body=body if body else None, headers=headers)
             return conn, conn.getresponse()
@@ -210,11 +233,14 @@ class _GatewayHandler(BaseHTTPRequestHandler):
 class OpenAIGateway(BackgroundHTTP):
     """Serve the gateway on host:port (0: a free port) in a background thread."""
 
-    def __init__(self, routes: Routes, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
-        """tls: how to verify replicas that speak HTTPS (a context trusting the run CA)."""
+    def __init__(self, routes: Routes, host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | Sequence[str] | None = None, tls: ssl.SSLContext | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        """api_key: the key (or keys, one per tenant) callers must send; None: none. tls: how to verify replicas
+        that speak HTTPS (a context trusting the run CA). max_connections: served at once; more are refused."""
         self.routes = routes
-        super().__init__(_GatewayServer((host, port), routes, api_key, tls), host, "http", "openai-gateway")
+        super().__init__(_GatewayServer((host, port), routes, ApiKeys(api_key), tls, max_connections), host, "http",
+                         "openai-gateway")
 
     def stop(self) -> None:
         super().stop()

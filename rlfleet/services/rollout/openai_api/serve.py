@@ -15,7 +15,7 @@ from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.security.identity import Credential
 from rlfleet.services.rollout.engines.base import Engine
 from rlfleet.services.rollout.openai_api.app import AppSettings, OpenAIApp
-from rlfleet.services.rollout.openai_api.credentials import api_key, tls_files
+from rlfleet.services.rollout.openai_api.credentials import api_keys, tls_files
 from rlfleet.services.rollout.openai_api.endpoint import OpenAIEndpoint
 from rlfleet.services.rollout.openai_api.server import OpenAIServer
 from rlfleet.services.rollout.openai_api.sessions import SessionStore
@@ -49,19 +49,20 @@ def start_openai_endpoint(cfg: Config, credential: Credential, index: int, repli
                           engine: Engine, tokenizer: Any, sampling: SamplingParams) -> ReplicaEndpoint:
     """ConfigError when the key cannot be read; OSError when the port cannot be bound."""
     oc = cfg.rollout.openai
-    key = api_key(cfg, credential)
+    keys = api_keys(cfg, credential)
+    key = keys[0] if keys else None
     store = SessionStore(tokenizer, oc.max_sessions)
     app = OpenAIApp(engine, tokenizer, sampling, store,
                     AppSettings(model_name=cfg.run.name, max_context=model_context(cfg.model_path),
                                 request_timeout=oc.request_timeout))
-    server = OpenAIServer(app, oc.bind, oc.port + index if oc.port else 0, key, replica_id,
-                          tls=tls_files(cfg, replica_id)).start()
+    server = OpenAIServer(app, oc.bind, oc.port + index if oc.port else 0, keys, replica_id,
+                          tls=tls_files(cfg, replica_id), max_connections=oc.max_connections).start()
     address_file = cfg.run_dir / ADDRESS_DIR / f"{replica_id}.json"
     address_file.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(address_file, json.dumps({"replica_id": replica_id, "base_url": server.base_url,
                                                 "rollout": grpc_endpoint}))
     log.info("replica %s serves the OpenAI API at %s (%s)", replica_id, server.base_url,
-             "no key" if key is None else "bearer key")
+             "no key" if not keys else f"{len(keys)} bearer key(s)")
     return ReplicaEndpoint(server, OpenAIEndpoint(server.base_url, key or "none", store, app.abort_sessions),
                            address_file)
 

@@ -4,10 +4,13 @@
     GET  /v1/models             GET  /health (no key needed: probes; 503 when the engine is not serving)
     GET  /v1/sessions/<id>      a session's TITO record (ids, loss mask, logprobs)   DELETE /v1/sessions/<id>
 
-Authentication: `Authorization: Bearer <api key>` (compared in constant time); requests without it get 401. With
-`tls` (a certificate chain and key, e.g. the replica's run-CA certificate in mtls mode) the server speaks HTTPS.
-Sessions: the `X-Session-Id` header names the TITO session a request belongs to (rlfleet/services/rollout/openai_api/
-sessions.py); without it a request is answered and nothing is recorded. Bodies over `max_body_bytes` get 413.
+Authentication: `Authorization: Bearer <api key>` (one of the endpoint's keys, compared in constant time);
+requests without it get 401, before any body byte is read. With `tls` (a certificate chain and key, e.g. the
+replica's run-CA certificate in mtls mode) the server speaks HTTPS. Sessions: the `X-Session-Id` header names the
+TITO session a request belongs to (rlfleet/services/rollout/openai_api/sessions.py), bound to the key that opened it
+(another key gets 404); without it a request is answered and nothing is recorded. Bodies over `max_body_bytes` get
+413; a body that is not JSON, or nests too deeply for the parser, 400. Connections: at most `max_connections` at
+once, each with read deadlines (rlfleet/services/rollout/openai_api/guarded.py).
 
 Streaming is in OpenAI's chunk format, a chunk per output token as the engine chooses it (rlfleet/services/rollout/
 openai_api/streaming.py).
@@ -15,19 +18,24 @@ openai_api/streaming.py).
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import ssl
-from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from rlfleet.services.rollout.openai_api.app import GenerationTimeout, OpenAIApp
-from rlfleet.services.rollout.openai_api.background import HANDSHAKE_SECONDS, BackgroundHTTP, ThreadedHTTPServer
-from rlfleet.services.rollout.openai_api.sessions import ConflictError, SessionError
+from rlfleet.services.rollout.openai_api.background import (
+    HANDSHAKE_SECONDS,
+    MAX_CONNECTIONS,
+    BackgroundHTTP,
+    ThreadedHTTPServer,
+)
+from rlfleet.services.rollout.openai_api.guarded import GuardedHandler
+from rlfleet.services.rollout.openai_api.keys import ApiKeys
+from rlfleet.services.rollout.openai_api.sessions import ConflictError, SessionError, SessionNotFound
 from rlfleet.services.rollout.openai_api.streaming import stream_events
 from rlfleet.services.rollout.openai_api.wire import RequestError, chat_response, completion_response, error_body
 
@@ -40,16 +48,17 @@ SESSIONS_PATH = "/v1/sessions/"
 
 
 class _Server(ThreadedHTTPServer):
-    def __init__(self, address: tuple[str, int], app: OpenAIApp, api_key: str | None, replica_id: str,
-                 max_body_bytes: int) -> None:
-        super().__init__(address, _Handler)
-        self.app, self.api_key, self.replica_id, self.max_body_bytes = app, api_key, replica_id, max_body_bytes
+    def __init__(self, address: tuple[str, int], app: OpenAIApp, keys: ApiKeys, replica_id: str,
+                 max_body_bytes: int, max_connections: int) -> None:
+        super().__init__(address, _Handler, max_connections)
+        self.app, self.keys, self.replica_id, self.max_body_bytes = app, keys, replica_id, max_body_bytes
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(GuardedHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True        # headers and body are two writes: no 40 ms delayed-ACK stall
     server: _Server
+    owner: str | None = None              # the id of the API key the request carries (sessions.py)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -93,29 +102,26 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(status, error_body(message, kind, code))
 
     def _authorized(self) -> bool:
-        key = self.server.api_key
-        if key is None:
-            return True
-        got = self.headers.get("Authorization", "")
-        if hmac.compare_digest(got.encode(), f"Bearer {key}".encode()):
+        """Whether the request carries one of the keys (then `self.owner` is its id); answers 401 otherwise."""
+        keys: ApiKeys = self.server.keys
+        self.owner = keys.owner(self.headers.get("Authorization", ""))
+        if not keys.required or self.owner is not None:
             return True
         self._error(401, "missing or wrong API key (the run's key: see docs/architecture.md, OpenAI endpoint)",
                     "authentication_error", "invalid_api_key")
         return False
 
     def _body(self) -> dict[str, Any] | None:
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if length < 0 or length > self.server.max_body_bytes:
-            self._error(413, f"request body must be 0..{self.server.max_body_bytes} bytes")
-            self.close_connection = True
+        raw = self.read_body(self.server.max_body_bytes)
+        if raw is None:
             return None
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
+            body = json.loads(raw or b"{}")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self._error(400, f"request body is not JSON: {exc}")
+            return None
+        except RecursionError:
+            self._error(400, "request body nests too deeply")
             return None
         if not isinstance(body, dict):
             self._error(400, "request body must be a JSON object")
@@ -134,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path.startswith(SESSIONS_PATH):
             try:
-                record = self.server.app.store.record(unquote(self.path.removeprefix(SESSIONS_PATH)))
+                record = self.server.app.store.record(unquote(self.path.removeprefix(SESSIONS_PATH)), self.owner)
             except ConflictError as exc:
                 self._error(409, str(exc), code="session_busy")
                 return
@@ -156,13 +162,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.path.startswith(SESSIONS_PATH):
             self._error(404, f"no route {self.path}", code="not_found")
             return
-        found = self.server.app.store.discard(unquote(self.path.removeprefix(SESSIONS_PATH)))
+        found = self.server.app.store.discard(unquote(self.path.removeprefix(SESSIONS_PATH)), self.owner)
         self._send_json(200 if found else 404, {"deleted": found})
 
     def do_POST(self) -> None:
         if not self._authorized():
-            self.close_connection = True
-            return
+            return                                   # the body is not read: the answer closes the connection
         routes = {"/v1/chat/completions": True, "/v1/completions": False}
         if self.path not in routes:
             self._error(404, f"no route {self.path}", code="not_found")
@@ -175,10 +180,16 @@ class _Handler(BaseHTTPRequestHandler):
         session_id = self.headers.get(SESSION_HEADER) or None
         stream = bool(body.get("stream"))
         try:
-            turn = app.begin(body, session_id, chat)
+            turn = app.begin(body, session_id, chat, self.owner)
             completion = None if stream else app.finish(turn)
         except RequestError as exc:
             self._error(400, str(exc), code=exc.code)
+            return
+        except SessionNotFound as exc:
+            self._error(404, str(exc), code="not_found")
+            return
+        except RecursionError:
+            self._error(400, "request body nests too deeply")
             return
         except (SessionError, ValueError) as exc:
             self._error(400, str(exc))
@@ -207,12 +218,15 @@ class OpenAIServer(BackgroundHTTP):
     """Serve `app` on host:port (port 0: a free one) in a background thread; `base_url` is what clients pass as the
     openai client's base_url."""
 
-    def __init__(self, app: OpenAIApp, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 replica_id: str = "", tls: tuple[Path, Path] | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES, handshake_seconds: float = HANDSHAKE_SECONDS) -> None:
-        """handshake_seconds: with tls, how long a client may take over its TLS handshake before it is dropped."""
+    def __init__(self, app: OpenAIApp, host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | Sequence[str] | None = None, replica_id: str = "",
+                 tls: tuple[Path, Path] | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 handshake_seconds: float = HANDSHAKE_SECONDS, max_connections: int = MAX_CONNECTIONS) -> None:
+        """api_key: the key clients send, or several (one per tenant: each owns the sessions it opens); None: no
+        authentication. handshake_seconds: with tls, how long a client may take over its TLS handshake before it
+        is dropped. max_connections: served at once; more are refused at accept."""
         self.app = app
-        http = _Server((host, port), app, api_key, replica_id, max_body_bytes)
+        http = _Server((host, port), app, ApiKeys(api_key), replica_id, max_body_bytes, max_connections)
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -10,6 +10,11 @@ produced, never a re-tokenisation of the conversation's text.
 
 One request of a session runs at a time (a second one while the first is in flight is refused: ConflictError).
 At most `max_sessions` are held; the least recently used beyond that are dropped (logged).
+
+A session belongs to the API key that opened it (`owner`: which of the endpoint's keys; None without keys): a request
+under another key continuing, reading or deleting it is told there is no such session (SessionNotFound, HTTP 404),
+so holders of different keys (tenants) neither see nor touch each other's sessions. The rollout function's `take`
+(in process) is not asked for a key.
 """
 
 from __future__ import annotations
@@ -34,11 +39,23 @@ class ConflictError(RuntimeError):
     """A request of a session while another of the same session is in flight (HTTP 409)."""
 
 
+class SessionNotFound(LookupError):
+    """A session opened under another API key (HTTP 404: to this key it does not exist)."""
+
+
 @dataclass
 class _Entry:
     session: TitoSession | None = None
     kind: str = ""                     # "chat" | "completion"
     busy: bool = False
+    owner: str | None = None           # the API key (its id) that opened it
+
+
+ANY_OWNER = object()       # record/discard in process: whoever opened the session
+
+
+def _owned(entry: _Entry, owner: object) -> bool:
+    return owner is ANY_OWNER or entry.owner == owner
 
 
 def _same(held: Mapping[str, str], sent: Mapping[str, str]) -> bool:
@@ -59,11 +76,13 @@ class SessionStore:
         with self._lock:
             return len(self._entries)
 
-    def _claim(self, session_id: str) -> _Entry:
+    def _claim(self, session_id: str, owner: str | None) -> _Entry:
         with self._lock:
             entry = self._entries.get(session_id)
+            if entry is not None and entry.owner != owner:
+                raise SessionNotFound(f"no session {session_id!r} under this API key")
             if entry is None:
-                entry = self._entries[session_id] = _Entry()
+                entry = self._entries[session_id] = _Entry(owner=owner)
                 while len(self._entries) > self._max:
                     dropped, _ = self._entries.popitem(last=False)
                     log.warning("OpenAI endpoint: more than %d sessions held; dropped the oldest, %s", self._max,
@@ -77,8 +96,9 @@ class SessionStore:
     def _release_on_error(self, entry: _Entry) -> None:
         entry.busy = False
 
-    def begin_chat(self, session_id: str, messages: Sequence[Mapping[str, str]]) -> TitoSession:
-        entry = self._claim(session_id)
+    def begin_chat(self, session_id: str, messages: Sequence[Mapping[str, str]],
+                   owner: str | None = None) -> TitoSession:
+        entry = self._claim(session_id, owner)
         try:
             if entry.session is None:
                 entry.session, entry.kind = TitoSession(self._tokenizer, messages), "chat"
@@ -103,8 +123,9 @@ class SessionStore:
             self._release_on_error(entry)
             raise
 
-    def begin_completion(self, session_id: str, prompt: str | Sequence[int]) -> TitoSession:
-        entry = self._claim(session_id)
+    def begin_completion(self, session_id: str, prompt: str | Sequence[int],
+                         owner: str | None = None) -> TitoSession:
+        entry = self._claim(session_id, owner)
         try:
             if entry.session is None:
                 entry.session, entry.kind = TitoSession.from_prompt(self._tokenizer, prompt), "completion"
@@ -139,12 +160,13 @@ class SessionStore:
             log.warning("session %s taken with a completion in flight", session_id)
         return entry.session
 
-    def record(self, session_id: str) -> dict[str, Any] | None:
+    def record(self, session_id: str, owner: object = ANY_OWNER) -> dict[str, Any] | None:
         """The session's tokens so far as plain data (an external agent's view of what it will be trained on);
-        None when unknown. ConflictError while a completion of it is in flight."""
+        None when unknown or opened under another key than `owner` (ANY_OWNER: in process, unchecked).
+        ConflictError while a completion of it is in flight."""
         with self._lock:
             entry = self._entries.get(session_id)
-            if entry is None or entry.session is None:
+            if entry is None or entry.session is None or not _owned(entry, owner):
                 return None
             if entry.busy:
                 raise ConflictError(f"session {session_id!r} has a completion in flight")
@@ -154,5 +176,13 @@ class SessionStore:
                     "token_versions": list(s.token_versions), "turns": s.model_turns,
                     "finish_reason": s.finish_reason}
 
-    def discard(self, session_id: str) -> bool:
-        return self.take(session_id) is not None
+    def discard(self, session_id: str, owner: object = ANY_OWNER) -> bool:
+        """Remove the session opened under `owner`; False when unknown or another key's."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is None or not _owned(entry, owner):
+                return False
+            del self._entries[session_id]
+        if entry.busy:
+            log.warning("session %s deleted with a completion in flight", session_id)
+        return True

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from rlfleet.config import Config
 from rlfleet.sample import Sample
+from rlfleet.security.bound_store import rendezvous_store
 from rlfleet.services.trainer import checkpoint
 from rlfleet.services.trainer.algorithms import needs_critic, needs_teacher
 from rlfleet.services.trainer.aux_models import FrozenScorer
@@ -48,8 +49,10 @@ from rlfleet.weights.tied import TIED_OPTION, encode_aliases, tied_aliases
 
 log = logging.getLogger(__name__)
 
-# Rank 0 may wait for a batch (rollout) while the others sit in the broadcast: collectives wait this long.
-COLLECTIVE_TIMEOUT = timedelta(hours=2)
+# How long a collective may take (trainer.collective_timeout_s; this is its default). Rank 0's waits for a batch or an
+# evaluation are not collectives: the other ranks wait in heartbeat broadcasts (rlfleet/services/trainer/
+# leader_wait.py), so no collective has to outlast rollout.
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 def trainer_device(device: str, rank: int) -> torch.device:
@@ -62,8 +65,10 @@ def trainer_device(device: str, rank: int) -> torch.device:
     return torch.device("cuda", local)
 
 
-def init_distributed(rendezvous: str, rank: int, world_size: int, device: torch.device) -> None:
-    """Join the trainer's process group: tcp://rendezvous (MASTER_ADDR:MASTER_PORT env when empty)."""
+def init_distributed(rendezvous: str, rank: int, world_size: int, device: torch.device,
+                     timeout: timedelta = COLLECTIVE_TIMEOUT) -> None:
+    """Join the trainer's process group at rendezvous host:port (MASTER_ADDR:MASTER_PORT env when empty); rank 0
+    holds the store, bound to that host (or RLFLEET_POD_IP) when it is this machine's."""
     if dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -72,12 +77,14 @@ def init_distributed(rendezvous: str, rank: int, world_size: int, device: torch.
     if not rendezvous and "MASTER_ADDR" in os.environ:
         rendezvous = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '29500')}"
     if world_size == 1 and not rendezvous:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         return
     if not rendezvous:
         raise ValueError(f"trainer.world_size={world_size} needs endpoints.rendezvous (host:port)")
-    dist.init_process_group(backend, init_method=f"tcp://{rendezvous}", rank=rank, world_size=world_size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    host, _, port = rendezvous.rpartition(":")
+    # rank 0's store listens on the rendezvous host only when it can (rlfleet/security/bound_store.py)
+    store = rendezvous_store(host.strip("[]"), int(port), rank, world_size, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

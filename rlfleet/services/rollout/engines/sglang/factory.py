@@ -6,7 +6,8 @@ size, weight path, verification, extra flags. Three machine-local paths may be o
                               model it must run with --enable-return-routed-experts)
   RLFLEET_SGLANG_PYTHON       rollout.sglang.python: the python of SGLang's own environment
   RLFLEET_SGLANG_PYTHONPATH   rollout.sglang.pythonpath (os.pathsep-separated): e.g. tests/support/sglang_stub on CPU
-A server this replica starts gets a fresh random API key (--api-key) that only this replica holds.
+A server this replica starts gets a fresh random API key that only this replica holds (in a 0600 file that
+sglang reads at start, never on its command line: rlfleet/services/rollout/engines/sglang/server.py).
 """
 
 from __future__ import annotations

@@ -4,13 +4,20 @@ tests and the bench. In production the server is its own container and the engin
 SGLang runs in its own Python environment (scripts/install_sglang_cpu.sh makes .venv-sglang); rlfleet never
 imports it. On CPU the server needs SGLANG_USE_CPU_ENGINE=1 and, with 0.5.23 beside the CPU torch, an import
 stub for torchvision / sgl_kernel on its PYTHONPATH (tests/support/sglang_stub, passed in as `pythonpath`).
+
+The server's API key never goes on its command line (which every local user reads in /proc/<pid>/cmdline and `ps`):
+sglang 0.5.23 has no environment variable for it, so it goes in a YAML file that `--config` names (sglang merges the
+file's keys as flags), in a folder of its own made 0700, the file 0600, removed once the server is up (it read the
+file at start) or stopped.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +47,15 @@ class SGLangServerSpec:
     pythonpath: tuple[Path, ...] = ()          # e.g. the CPU import stub folder
     threads: int = 1                           # OMP threads of the server (CPU)
     tp: int = 1                                # tensor parallelism over this many GPUs
-    api_key: str = ""                          # --api-key: every request must carry it ("" = none)
+    api_key: str = ""                          # every request must carry it ("" = none); passed in a file
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
-    def command(self, port: int) -> list[str]:
+    def command(self, port: int, key_config: Path | None = None) -> list[str]:
+        """The server's command line; key_config: the file holding the API key (write_key_config), needed when the
+        spec has one. The key itself is never on it."""
+        if self.api_key and key_config is None:
+            raise ValueError("a server with an API key needs its key file (write_key_config), not --api-key")
         cmd = [str(self.python), "-m", "sglang.launch_server", "--model-path", str(self.model_path),
                "--host", self.host, "--port", str(port), "--device", self.device, "--dtype", self.dtype,
                "--max-total-tokens", str(self.max_total_tokens), "--mem-fraction-static", str(self.mem_fraction_static),
@@ -56,11 +67,22 @@ class SGLangServerSpec:
             cmd.append("--disable-radix-cache")
         if self.tp > 1:
             cmd += ["--tp-size", str(self.tp)]
-        if self.api_key:
-            cmd += ["--api-key", self.api_key]
+        if self.api_key and key_config is not None:
+            cmd += ["--config", str(key_config)]
         if self.return_routed_experts:
             cmd.append(ROUTES_FLAG)
         return cmd + list(self.extra_args)
+
+
+def write_key_config(folder: Path, api_key: str) -> Path:
+    """A sglang --config file holding only the API key: 0600 from creation, in `folder` (which should be 0700)."""
+    if not api_key or any(c in api_key for c in "\r\n\"'\\"):
+        raise ValueError("the SGLang API key must be a non-empty single line without quotes or backslashes")
+    path = folder / "sglang-key.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f'api-key: "{api_key}"\n')
+    return path
 
 
 class SGLangServer:
@@ -72,6 +94,7 @@ class SGLangServer:
         self.url = f"http://{spec.host}:{self.port}"
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
+        self._key_dir: Path | None = None           # the key file's private folder, until the server has read it
 
     def start(self, ready_timeout: float = 300.0) -> SGLangServer:
         if not Path(self.spec.python).exists():
@@ -85,15 +108,28 @@ class SGLangServer:
             env["PYTHONPATH"] = os.pathsep.join([str(p) for p in self.spec.pythonpath]
                                                 + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env.update(self.spec.env)
+        key_config = None
+        if self.spec.api_key:
+            self._key_dir = Path(tempfile.mkdtemp(prefix="rlfleet-sglang-key-"))     # 0700
+            key_config = write_key_config(self._key_dir, self.spec.api_key)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - kept by Popen
         try:
-            self._proc = subprocess.Popen(self.spec.command(self.port), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+            self._proc = subprocess.Popen(self.spec.command(self.port, key_config), env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+        except BaseException:
+            self._remove_key_file()
+            raise
         finally:
             if not isinstance(out, int):
                 out.close()
         self.wait_ready(ready_timeout)
+        self._remove_key_file()                     # read at start: no copy of the key stays on disk
         return self
+
+    def _remove_key_file(self) -> None:
+        folder, self._key_dir = self._key_dir, None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def wait_ready(self, timeout: float) -> None:
         client = self.client(timeout=5.0)
@@ -120,6 +156,7 @@ class SGLangServer:
         return self._proc is not None and self._proc.poll() is None
 
     def stop(self, grace: float = 15.0) -> None:
+        self._remove_key_file()
         proc, self._proc = self._proc, None
         if proc is None:
             return
