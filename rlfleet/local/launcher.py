@@ -30,12 +30,20 @@ from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.runtime.ports import free_ports
 from rlfleet.runtime.rpc import channel, wait_healthy
 from rlfleet.security.credentials import load_credential
-from rlfleet.security.run_material import child_identity_env, prepare_security
+from rlfleet.security.identity import IDENTITY_DIR_ENV, IDENTITY_ENV, Credential
+from rlfleet.security.local_pki import LocalPki
+from rlfleet.security.modes import security_mode
+from rlfleet.security.run_material import PKI_DIR, child_secret_env, components, prepare_security
+from rlfleet.security.signing import SIGNING_KEY_ENV
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc
 
 log = logging.getLogger("rlfleet.local.launcher")
 
 STATE_DIRS = ("buffer", "checkpoints", "metrics", "logs")
+ISOLATION_NOTE = ("rlfleet: keys: each process gets only its own key folder (RUN/pki/<name>/, 0700/0600), the CA key "
+                  "stays in this launcher's memory, the signing key goes to the trainer alone; all processes run as "
+                  "one user, so this keeps other users out, not one component (e.g. reward code) out of another's "
+                  "files: for that, use the chart")
 STATE_FILES = ("trainer_done.json", "summary.json", "reward_curve.png", "config.resolved.yaml")
 
 
@@ -111,6 +119,15 @@ def prepare_model(cfg: Config) -> Config:
     return cfg
 
 
+def launcher_pki(cfg: Config) -> LocalPki | None:
+    """A fresh in-memory run CA over RUN/pki when the launcher made that folder (mtls without a pki_dir of the
+    user's); None otherwise."""
+    if not security_mode(cfg.security.mode).uses_pki or not cfg.security.pki_dir:
+        return None
+    root = cfg.run_dir / PKI_DIR
+    return LocalPki(root) if Path(cfg.security.pki_dir).resolve() == root.resolve() else None
+
+
 MAX_REPLICA_RESTARTS = 3     # per rollout replica; then its death stops the run like any other service's
 
 
@@ -133,16 +150,28 @@ class LocalRun:
         self.next_replica = cfg.rollout.replicas          # index of the next replica `rlfleet scale` adds
         self.scale_request = ""                           # id of the scale request carried out last
         self._specs: dict[str, tuple[str, list[str], dict[str, str] | None]] = {}
-        self.env = service_env()
-        self.operator = load_credential(cfg.security, "operator", name="operator")   # the launcher's own identity
+        # a child's key material comes from child_secret_env alone, never from the launcher's own environment
+        self.env = {k: v for k, v in service_env().items()
+                    if k not in (IDENTITY_ENV, IDENTITY_DIR_ENV, SIGNING_KEY_ENV)}
+        self.pki = launcher_pki(cfg)                      # the run CA, in memory: issues each process's folder
+        self.operator: Credential = (self.pki.in_memory("operator", "operator") if self.pki else
+                                     load_credential(cfg.security, "operator", name="operator"))  # the launcher's own
+        if self.pki:
+            for role, name in components(cfg):
+                self.pki.issue(role, name)
         self.placement = placements(cfg)
         self.warm = warm                                  # interpreters started early, taken by _start
+
+    def child_env(self, name: str, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment process `name` starts with: the launcher's, its threads, and its own key folder only."""
+        place = self.placement.get(name) or self.placement["rollout-0"]
+        return {**self.env, **thread_env(place), **(extra_env or {}), **child_secret_env(self.cfg, name, self.pki)}
 
     def _start(self, name: str, module: str, extra: list[str], extra_env: dict[str, str] | None = None) -> Child:
         args = ["-m", module, "--config", str(self.config_path), *extra]
         # replicas added by `rlfleet scale` share the first replica's cores
         place = self.placement.get(name) or self.placement["rollout-0"]
-        env = {**self.env, **thread_env(place), **(extra_env or {}), **child_identity_env(self.cfg, name)}
+        env = self.child_env(name, extra_env)
         log_path = self.run_dir / "logs" / f"{name}.log"
         warm = self.warm.take(name, module, place, args[2:], env, log_path) if self.warm else None
         child = Child(name, args, log_path, env, cpus=place.cpus if self.cfg.placement.pin else None, proc=warm)
@@ -353,6 +382,8 @@ def _run(resolved: Config, config_path: Path, source: Path, warm: WarmInterprete
     try:
         print(f"rlfleet: run '{resolved.run.name}' in {resolved.run_dir} (from {source}); logs in "
               f"{resolved.run_dir / 'logs'}", file=sys.stderr)
+        if local.pki is not None:
+            print(ISOLATION_NOTE, file=sys.stderr)
         local.start()
         while not local.trainer_finished():
             local.reconcile_scale()

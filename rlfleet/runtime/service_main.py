@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ from rlfleet.config import Config, ConfigError, load_config
 from rlfleet.security.credentials import load_credential
 from rlfleet.security.identity import Credential
 from rlfleet.security.scrub import scrub_environment
+from rlfleet.security.signing import SIGNING_KEY_ENV
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,15 @@ def listen_address(endpoint: str, override: str | None) -> str:
     return endpoint if host in ("127.0.0.1", "localhost", "[::1]") else f"0.0.0.0:{port}"
 
 
+def with_signing_key_from_env(cfg: Config) -> Config:
+    """`cfg` with security.signing_key from RLFLEET_SIGNING_KEY when set (how `rlfleet run` gives the trainer, and
+    no other process, its key: the shared config does not name it)."""
+    path = os.environ.get(SIGNING_KEY_ENV)
+    if not path:
+        return cfg
+    return cfg.model_copy(update={"security": cfg.security.model_copy(update={"signing_key": path})})
+
+
 def parse_service_args(name: str, argv: list[str] | None = None,
                        add_args: list[tuple[tuple[str, ...], dict]] | None = None) -> ServiceArgs:
     parser = argparse.ArgumentParser(prog=f"python -m rlfleet.services.{name}")
@@ -51,7 +62,7 @@ def parse_service_args(name: str, argv: list[str] | None = None,
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {name} %(levelname)s %(message)s")
     try:
-        cfg = load_config(ns.config)
+        cfg = with_signing_key_from_env(load_config(ns.config))
         token = load_credential(cfg.security, name)
     except (ConfigError, OSError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)

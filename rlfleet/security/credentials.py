@@ -6,7 +6,7 @@ import logging
 import os
 
 from rlfleet.config import ConfigError, SecurityConfig
-from rlfleet.security.identity import Credential, IdentityError, identity_name, load_identity
+from rlfleet.security.identity import Credential, IdentityError, identity_folder, identity_name, load_identity
 from rlfleet.security.modes import security_mode
 
 log = logging.getLogger("rlfleet.security")
@@ -26,8 +26,9 @@ def read_token(token_file: str | None) -> str | None:
 
 
 def load_credential(security: SecurityConfig, service: str, name: str | None = None) -> Credential:
-    """mtls: the Identity of `name` (default: RLFLEET_IDENTITY, trainer-<RANK> or the service name); token: the run
-    token; none: None, with a warning. ConfigError when the mode's material is missing."""
+    """mtls: the Identity of `name` (default: RLFLEET_IDENTITY, trainer-<RANK> or the service name) from
+    RLFLEET_IDENTITY_DIR or security.pki_dir; token: the run token; none: None, with a warning. ConfigError when
+    the mode's material is missing."""
     mode = security_mode(security.mode)
     if not mode.authenticates:
         log.warning("%s: %s", service, NO_AUTH_WARNING)
@@ -42,6 +43,6 @@ def load_credential(security: SecurityConfig, service: str, name: str | None = N
         raise ConfigError(f"{service}: security.mode is '{mode.name}' but security.pki_dir is not set (rlfleet run "
                           "makes one in the run folder; set security.mode: none explicitly to run without)")
     try:
-        return load_identity(security.pki_dir, name or identity_name(service))
+        return load_identity(identity_folder(security.pki_dir), name or identity_name(service))
     except IdentityError as exc:
         raise ConfigError(f"{service}: {exc}") from None

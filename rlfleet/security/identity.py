@@ -18,6 +18,7 @@ from rlfleet.security.pki import CA_CERT, URI_PREFIX, cert_paths
 from rlfleet.security.secret_files import read_secret
 
 IDENTITY_ENV = "RLFLEET_IDENTITY"      # which certificate of the PKI folder this process presents
+IDENTITY_DIR_ENV = "RLFLEET_IDENTITY_DIR"   # a local run: the folder holding this process's own key, and no other
 
 
 class IdentityError(RuntimeError):
@@ -77,6 +78,12 @@ def identity_name(service: str, env: dict[str, str] | os._Environ[str] = os.envi
     if service == "trainer":
         return f"trainer-{env.get('RANK', '0')}"
     return service
+
+
+def identity_folder(pki_dir: str | Path, env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    """Where this process's certificate and key are: RLFLEET_IDENTITY_DIR (`rlfleet run` gives each process a folder
+    of its own), else security.pki_dir (the chart's mounted Secret or csi volume)."""
+    return Path(env.get(IDENTITY_DIR_ENV) or pki_dir)
 
 
 def peer_of(context: Any) -> Peer | None:

@@ -22,7 +22,6 @@ from rlfleet.security.secret_files import write_secret
 
 URI_PREFIX = "spiffe://rlfleet/"
 CA_CERT = "ca.crt"
-CA_KEY = "ca.key"
 ROLES = ("trainer", "rollout", "buffer", "weight_sync", "controller", "operator")
 
 
@@ -112,11 +111,9 @@ def write_identity(folder: Path, name: str, issued: IssuedCert) -> None:
 
 
 def create_run_pki(folder: Path, components: Iterable[tuple[str, str]], hosts: Iterable[str] = ()) -> Path:
-    """A fresh CA (its key never written) and a certificate per (role, name) component in `folder`.
-
-    A new CA at every launch: certificates of an earlier launch of the same run folder stop being accepted. Its
-    key is kept (0600, `ca.key`) for the launcher alone: `rlfleet scale` issues certificates for replicas it adds.
-    """
+    """A fresh CA (its key never written) and a certificate per (role, name) component, all in `folder` (the layout
+    the chart mounts: ca.crt, NAME.crt, NAME.key). A local run gives each process a folder of its own instead
+    (rlfleet/security/local_pki.py)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)
@@ -125,15 +122,4 @@ def create_run_pki(folder: Path, components: Iterable[tuple[str, str]], hosts: I
     for role, name in components:
         write_identity(folder, name, issue(ca, role, name, hosts))
     (folder / CA_CERT).write_bytes(ca.cert_pem)
-    write_secret(folder / CA_KEY, _key_pem(ca.key))
     return folder
-
-
-def issue_into(folder: Path, role: str, name: str) -> None:
-    """A certificate for a component added later (a scaled-up replica), from the run CA kept in `folder`."""
-    from rlfleet.security.secret_files import read_secret
-
-    key = serialization.load_pem_private_key(read_secret(Path(folder) / CA_KEY), password=None)
-    cert = x509.load_pem_x509_certificate((Path(folder) / CA_CERT).read_bytes())
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
-    write_identity(folder, name, issue(CertAuthority(key, cert), role, name))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from urllib.parse import quote, urlsplit, urlunsplit
 
-SECRET_ENV = ("RLFLEET_TOKEN", "RLFLEET_REDIS_PASSWORD_FILE", "RLFLEET_REDIS_USERNAME", "SGLANG_API_KEY")
+SECRET_ENV = ("RLFLEET_TOKEN", "RLFLEET_REDIS_PASSWORD_FILE", "RLFLEET_REDIS_USERNAME", "SGLANG_API_KEY",
+              "RLFLEET_SIGNING_KEY")
 
 
 def scrub_environment(env: os._Environ[str] | dict[str, str] = os.environ) -> dict[str, str]:

@@ -25,6 +25,7 @@ from rlfleet.security.secret_files import read_secret, write_secret
 if TYPE_CHECKING:       # imported where tensors are hashed: the launcher loads this module for keys alone
     import torch
 
+SIGNING_KEY_ENV = "RLFLEET_SIGNING_KEY"    # `rlfleet run` names its signing key to the trainer ranks alone, here
 WEIGHTS_CONTEXT = b"rlfleet weights v1\0"
 CHECKPOINT_CONTEXT = b"rlfleet checkpoint v1\0"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlfleet.config import Config, ConfigError
-from rlfleet.security.identity import Credential
+from rlfleet.security.identity import Credential, identity_folder
 from rlfleet.security.modes import security_mode
 from rlfleet.security.pki import cert_paths
 from rlfleet.security.run_material import OPENAI_API_KEY
@@ -51,4 +51,4 @@ def tls_files(cfg: Config, replica_id: str) -> tuple[Path, Path] | None:
     if not security_mode(cfg.security.mode).uses_pki or cfg.rollout.openai.bind in LOOPBACK \
             or not cfg.security.pki_dir:
         return None
-    return cert_paths(Path(cfg.security.pki_dir), replica_id)
+    return cert_paths(identity_folder(cfg.security.pki_dir), replica_id)
