@@ -60,7 +60,7 @@ from rlfleet.services.buffer.stores.embedded import LOG_NAME, decode_commit
 from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan, scan_bytes
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
 from tests.faults.disk_full import fill_disk_for, log_end
-from tests.faults.ledger import Fault, Ledger, Verdict, check
+from tests.faults.ledger import Fault, Ledger, Verdict, check, next_step
 from tests.faults.redis_power_loss import power_loss as redis_power_loss
 from tests.integration.test_buffer_contract import make_sample
 from tests.integration.test_buffer_service import TOKEN, BufferProcess
@@ -412,16 +412,17 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
     records = read_records(cluster.run_dir)
     errors.extend(ledger.trained_from(records, steps))
     ledger.notes.extend(errors)
-    return check(ledger), [text + timing(f) for f, text in injected]
+    committed = list(ledger.committed.values())
+    return check(ledger), [text + timing(f, committed) for f, text in injected]
 
 
-def timing(f: Fault) -> str:
-    """Seconds from the fault's injection to serving again and to the next step committed after it ended."""
+def timing(f: Fault, committed: list[float]) -> str:
+    """Seconds from the fault's injection to serving again and to the next step (tests.faults.ledger.next_step)."""
     def since(t: float) -> str:
         return f"{t - f.injected:.2f} s" if t else "never"
 
     silent = "; SILENT" if f.damage and not f.reported else ""
-    return f" -> serving {since(f.serving)}, next step {since(f.recovered)}{silent}"
+    return f" -> serving {since(f.serving)}, next step {since(next_step(f, committed))}{silent}"
 
 
 def main() -> int:

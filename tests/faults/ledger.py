@@ -86,6 +86,15 @@ class Ledger:
         return f
 
 
+def next_step(f: Fault, committed: list[float]) -> float:
+    """When the first step was committed once the fault was over: after it ended and the buffer served again (a
+    trainer may write a step record while the buffer is down: that step is not the recovery); for a fault the run
+    rode through (no step after it ended, some while it was in force), the first step after its injection. 0: none."""
+    after = max(f.ended, f.serving)
+    return min((t for t in committed if t >= after), default=0.0) or min(
+        (t for t in committed if t >= f.injected), default=0.0)
+
+
 @dataclass(frozen=True)
 class Verdict:
     lost: list[str]              # acknowledged, never trained, not in the store at the end, not counted dropped
@@ -98,7 +107,7 @@ class Verdict:
     unrecovered: dict[str, int]
     recovery_s: dict[str, list[float]]   # fault kind -> seconds from the fault's end to the next committed step
     serving_s: dict[str, list[float]] = field(default_factory=dict)   # kind -> seconds from injection to serving
-    step_s: dict[str, list[float]] = field(default_factory=dict)      # kind -> injection to the next step after it
+    step_s: dict[str, list[float]] = field(default_factory=dict)      # kind -> injection to next_step()
     silent: dict[str, int] = field(default_factory=dict)      # kind -> faults whose damage no log reported
     damaged: dict[str, int] = field(default_factory=dict)     # kind -> faults that damaged the store's files
 
@@ -136,19 +145,19 @@ def check(ledger: Ledger) -> Verdict:
     for f in ledger.faults:
         if f.serving:
             serving[f.kind].append(f.serving - f.injected)
+        if (f.recovered or f.ended and last >= f.injected) and next_step(f, list(ledger.committed.values())):
+            step[f.kind].append(next_step(f, list(ledger.committed.values())) - f.injected)
         if f.damage:
             damaged[f.kind] += 1
             silent[f.kind] += not f.reported
         if f.recovered:
             recovered[f.kind] += 1
             times[f.kind].append(f.recovered - (f.ended or f.injected))
-            step[f.kind].append(f.recovered - f.injected)
         elif f.ended and last >= f.injected:
             # steps went on being committed while the fault was in force (a buffer that rides out a full disk)
             # and the last of them came before it ended: the run never stopped, nothing to recover
             recovered[f.kind] += 1
             times[f.kind].append(0.0)
-            step[f.kind].append(0.0)
         else:
             unrecovered[f.kind] += 1
     return Verdict(lost, twice, unexpected, len(put), len(trained), dict(ledger.dropped), dict(recovered),
@@ -168,5 +177,10 @@ def summarize(verdicts: list[Verdict]) -> str:
         n_ok = sum(v.recovered.get(kind, 0) for v in verdicts)
         n_all = n_ok + sum(v.unrecovered.get(kind, 0) for v in verdicts)
         span = f"p50 {statistics.median(ts):.2f} s, max {max(ts):.2f} s" if ts else "no recovery times"
-        lines.append(f"  {kind:<16} recovered {n_ok}/{n_all}; recovery {span}")
+        from_fault = ""
+        for name, by_kind in (("serving", "serving_s"), ("next step", "step_s")):
+            xs = [t for v in verdicts for t in getattr(v, by_kind).get(kind, [])]
+            if xs:
+                from_fault += f"; {name} p50 {statistics.median(xs):.2f} s, max {max(xs):.2f} s"
+        lines.append(f"  {kind:<16} recovered {n_ok}/{n_all}; recovery {span}{from_fault}")
     return "\n".join(lines)
