@@ -65,7 +65,7 @@ def test_each_setting_against_each_level(tmp_path: Path) -> None:
             r.config_set("appendfsync", fsync)
             for level in ("always", "everysec_loses_1s", "unchecked_may_lose_writes"):
                 try:
-                    check_durability(r, level)  # type: ignore[arg-type]
+                    check_durability(r, level)
                     ok = True
                 except WeakDurability as exc:
                     assert "buffer.redis_durability" in str(exc)
