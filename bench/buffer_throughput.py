@@ -134,6 +134,10 @@ def spread(groups: int, producers: int, work: Callable[[Callable[[], int | None]
     return threads
 
 
+# the Redis runs set redis-server's appendfsync to `fsync`: the buffer must be told it may run on a weaker one
+REDIS_DURABILITY = {"always": "always", "everysec": "everysec_loses_1s"}
+
+
 def start_service(work: Path, store: str, redis_url: str, size: int, steps: int, step_groups: int,
                   fsync: str = "always") -> tuple[subprocess.Popen, str]:
     port = free_port()
@@ -141,7 +145,8 @@ def start_service(work: Path, store: str, redis_url: str, size: int, steps: int,
     cfg = {"run": {"name": f"bench{size}-{port}", "dir": str(run_dir)}, "model": {"path": "x"},
            "rollout": {"data_source": "a:b", "reward_fn": "a:b", "group_size": GROUP_SIZE},
            "buffer": {"store": store, "redis_url": redis_url, "capacity": CAPACITY_GROUPS * GROUP_SIZE,
-                      "max_staleness": 10 ** 6, "min_valid_per_group": 1, "fsync": fsync},
+                      "max_staleness": 10 ** 6, "min_valid_per_group": 1, "fsync": fsync,
+                      "redis_durability": REDIS_DURABILITY.get(fsync, "unchecked_may_lose_writes")},
            "trainer": {"steps": steps, "groups_per_step": step_groups}, "security": {"mode": "none"},
            "endpoints": {"buffer": f"127.0.0.1:{port}"}}
     run_dir.mkdir(parents=True)

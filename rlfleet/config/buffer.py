@@ -15,6 +15,14 @@ class BufferConfig(Section):
     store: Literal["embedded", "redis"] = Field("embedded", description="Where samples are kept: an append-only "
                                                 "log in the run folder, or Redis Streams.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="The Redis server of store: redis.")
+    redis_durability: Literal["always", "everysec_loses_1s", "unchecked_may_lose_writes"] = Field(
+        "always", description="What store: redis requires of the Redis server's persistence, checked with CONFIG GET "
+        "when the buffer starts. always: appendonly yes and appendfsync always (each acknowledged write is fsynced "
+        "before Redis replies), else the buffer refuses to start. everysec_loses_1s: also accepts appendfsync "
+        "everysec, with a warning (a power loss of the Redis host loses up to ~1 s of acknowledged samples, "
+        "deliveries and acks). unchecked_may_lose_writes: accepts any setting (appendfsync no, no AOF at all), "
+        "with a warning. Where CONFIG is denied (a managed Redis, the chart's ACL user) appendfsync cannot be read: "
+        "the buffer checks that the AOF is on (INFO persistence) and warns.")
     capacity: int = Field(1024, ge=1, description="Samples held (stored + in flight) before back-pressure.")
     max_staleness: int = Field(0, ge=0, description="0: synchronous RL; k: samples may lag k weight versions.")
     lease_seconds: float = Field(300.0, gt=0, description="A ticket whose samples do not all arrive within this "

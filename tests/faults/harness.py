@@ -17,9 +17,16 @@ Faults (seeded kinds, times, durations):
   disk_full      (embedded) writes past the log's last commit fail (RLIMIT_FSIZE of the live process) for 1-2.5 s
   redis_kill9    (redis) SIGKILL redis-server, restart it on its AOF (appendfsync always)
   redis_stop     (redis) SIGSTOP redis-server for 0.5-2 s
+  redis_power_loss  (redis) SIGSTOP, SIGKILL redis-server, cut its AOF back to what a power loss with appendfsync
+                 always may keep (tests/faults/redis_power_loss.py: the last complete command, the end of the last
+                 transaction anything acknowledged depends on, or a random offset after it); restart it on it
   replica_kill   a replica incarnation dies mid-group; a new one starts (restarted=True)
   trainer_kill   the trainer incarnation dies after a GetBatch or after writing a record; a new one resumes
+Each fault is timed from its injection to serving again (the first reply the store's work backs, to a call made
+after it) and to the next step committed after it ended; a fault that damaged the store's files (a torn log frame or
+AOF command) must be reported in the buffer's or redis-server's log, else it is counted silent.
 Run: python -m tests.faults.harness --seeds 100 [--store embedded|redis|both] [--steps 16] [--faults 4]
+    [--kinds redis_power_loss,...] [--table]   (--table: the markdown table of tests/faults/report.py)
 
 Run mode (tests/faults/run_mode.py): the real `rlfleet run` launcher and its service processes instead of worker
 threads, SIGKILL and SIGSTOP/SIGCONT of a rollout replica, trainer-0, the buffer, weight_sync and redis-server,
@@ -53,7 +60,8 @@ from rlfleet.services.buffer.stores.embedded import LOG_NAME, decode_commit
 from rlfleet.services.buffer.stores.logfile import HEADER_BYTES, scan, scan_bytes
 from rlfleet.v1 import buffer_pb2, buffer_pb2_grpc, sample_pb2
 from tests.faults.disk_full import fill_disk_for, log_end
-from tests.faults.ledger import Fault, Ledger, Verdict, check
+from tests.faults.ledger import Fault, Ledger, Verdict, check, next_step
+from tests.faults.redis_power_loss import power_loss as redis_power_loss
 from tests.integration.test_buffer_contract import make_sample
 from tests.integration.test_buffer_service import TOKEN, BufferProcess
 from tests.support.redis_server import RedisServer, free_port
@@ -61,7 +69,9 @@ from tests.support.redis_server import RedisServer, free_port
 T = TypeVar("T")
 RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 EMBEDDED_FAULTS = ("buffer_kill9", "buffer_stop", "power_loss", "disk_full", "replica_kill", "trainer_kill")
-REDIS_FAULTS = ("buffer_kill9", "buffer_stop", "redis_kill9", "redis_stop", "replica_kill", "trainer_kill")
+REDIS_FAULTS = ("buffer_kill9", "buffer_stop", "redis_kill9", "redis_stop", "redis_power_loss", "replica_kill",
+                "trainer_kill")
+PREFIX = "rlfleet:faults:buffer"          # the buffer's Redis keys (run.name faults)
 GROUP_SIZE, GROUPS_PER_STEP, REPLICAS = 2, 2, 2
 
 
@@ -122,13 +132,21 @@ class Cluster:
         self.buffer.kill9()
         path = self.run_dir / "buffer" / LOG_NAME
         data = path.read_bytes()
-        end = scan_bytes(path, data).end      # the last frame's end; the file goes on with zeros written ahead
+        scanned = scan_bytes(path, data)      # the last frame's end; the file goes on with zeros written ahead
+        end = scanned.end
         cut = keep if rng.random() < 0.5 else rng.randint(keep, end)
         tail = b"\0" * (len(data) - cut) if rng.random() < 0.5 else b""
         path.write_bytes(data[:cut] + tail)
+        if cut < end and cut not in {0, *(o + HEADER_BYTES + len(b) for o, b in scanned.frames)}:
+            fault.damage = "torn frame"
+        seen = self.buffer.log.stat().st_size if self.buffer.log.exists() else 0
         fault.ended = time.monotonic()
         self.start_buffer()
-        return f"cut {len(data) - cut} of {len(data)} bytes{' (zero-filled)' if tail else ''}"
+        with self.buffer.log.open("rb") as f:       # the restarted buffer has read the log before it serves
+            f.seek(seen)
+            fault.reported = b"cut off" in f.read()
+        return f"cut {len(data) - cut} of {len(data)} bytes{' (zero-filled)' if tail else ''}" + (
+            f" ({fault.damage})" if fault.damage else "")
 
     def disk_full(self, seconds: float) -> None:
         fill_disk_for(self.pid, log_end(self.run_dir / "buffer" / LOG_NAME), seconds)
@@ -141,7 +159,7 @@ class Cluster:
         if self.redis is not None:
             from rlfleet.services.buffer.stores.redis_streams import RedisStore
 
-            store: Store = RedisStore(self.redis.url, prefix="rlfleet:faults:buffer")
+            store: Store = RedisStore(self.redis.url, prefix=PREFIX)
             state = store.load()
         else:
             from rlfleet.services.buffer.stores.embedded import EmbeddedStore
@@ -177,12 +195,18 @@ def durable_floor(path: Path, ledger: Ledger) -> int:
 
 
 def retry(fn: Callable[[], T], dead: threading.Event, patience: float = 120.0) -> T:
+    return retry_timed(fn, dead, patience)[0]
+
+
+def retry_timed(fn: Callable[[], T], dead: threading.Event, patience: float = 120.0) -> tuple[T, float]:
+    """fn's reply, retried through RETRY codes, and when the attempt that got it was made."""
     end = time.monotonic() + patience
     while True:
         if dead.is_set():
             raise Stop
         try:
-            return fn()
+            started = time.monotonic()
+            return fn(), started
         except grpc.RpcError as exc:
             if exc.code() not in RETRY or time.monotonic() > end:
                 raise
@@ -247,13 +271,15 @@ def read_records(run_dir: Path) -> dict[int, list[str]]:
     return out
 
 
-def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4, step_seconds: float = 0.25
-             ) -> tuple[Verdict, list[str]]:
-    """One seeded run; returns the verdict and a log of what was injected."""
+def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4, step_seconds: float = 0.25,
+             kinds: tuple[str, ...] | None = None) -> tuple[Verdict, list[str]]:
+    """One seeded run; returns the verdict and a log of what was injected. kinds: the fault kinds drawn from (the
+    store's all by default)."""
     rng = random.Random(seed)
-    kinds = EMBEDDED_FAULTS if store == "embedded" else REDIS_FAULTS
+    kinds = kinds or (EMBEDDED_FAULTS if store == "embedded" else REDIS_FAULTS)
     cluster = Cluster(work, store, steps)
-    ledger, events = Ledger(), []
+    ledger = Ledger()
+    injected: list[tuple[Fault, str]] = []
     errors: list[str] = []
     over = threading.Event()
 
@@ -268,8 +294,10 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
                     return stub().Claim(buffer_pb2.ClaimRequest(
                         replica_id=f"r{k}", max_groups=2, wait_seconds=0.5, restarted=f), timeout=5)
 
-                reply = retry(claim, dead)
+                reply, started = retry_timed(claim, dead)
                 first = False
+                if reply.tickets:
+                    ledger.served(started)
                 if reply.finished or over.is_set():
                     return
                 with ledger.lock:
@@ -282,12 +310,13 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
                             def put(s: sample_pb2.Sample = s) -> buffer_pb2.PutReply:
                                 return stub().Put(buffer_pb2.PutRequest(samples=[s], wait_seconds=1), timeout=5)
 
-                            retry(put, dead)
+                            started = retry_timed(put, dead)[1]
                         except grpc.RpcError as exc:     # as a replica does: a refused group is dropped
                             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                                 raise
                             break
                         ledger.acked([f"{t.group_id}/{i}"])
+                        ledger.served(started)
         return body
 
     def trainer(dead: threading.Event, n: int) -> None:
@@ -295,14 +324,17 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
         start = max(records, default=-1) + 1
         if start:
             retry(lambda: stub().Ack(buffer_pb2.AckRequest(committed_step=start - 1), timeout=5), dead)
+            with ledger.lock:
+                ledger.acks.add(start - 1)
         for step in range(start, steps):
             while True:
                 def get_batch(st: int = step) -> buffer_pb2.Batch:
                     return stub().GetBatch(buffer_pb2.GetBatchRequest(
                         step=st, num_groups=GROUPS_PER_STEP, wait_seconds=0.5), timeout=5)
 
-                batch = retry(get_batch, dead)
+                batch, started = retry_timed(get_batch, dead)
                 if batch.complete:
+                    ledger.served(started)
                     break
             ids = [f"{s.group_id}/{s.index}" for s in batch.samples]
             time.sleep(step_seconds)              # the step's training
@@ -319,7 +351,10 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
             def ack(st: int = step) -> buffer_pb2.AckReply:
                 return stub().Ack(buffer_pb2.AckRequest(committed_step=st), timeout=5)
 
-            retry(ack, dead)
+            started = retry_timed(ack, dead)[1]
+            with ledger.lock:
+                ledger.acks.add(step)
+            ledger.served(started)
 
     workers = {f"r{k}": Worker(f"r{k}", replica(k), errors) for k in range(REPLICAS)}
     the_trainer = Worker("trainer", trainer, errors)
@@ -346,6 +381,13 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
                 time.sleep(rng.uniform(0, 0.5))
                 f.ended = time.monotonic()
                 cluster.redis.start()
+            elif kind == "redis_power_loss":
+                assert cluster.redis is not None
+                try:
+                    detail = redis_power_loss(cluster.redis, PREFIX, ledger, rng, f)
+                except RuntimeError as exc:          # redis-server refused the AOF: the run cannot go on
+                    errors.append(f"redis_power_loss: {exc}")
+                    break
             elif kind == "redis_stop":
                 assert cluster.redis is not None and cluster.redis.proc is not None
                 cluster.freeze(cluster.redis.proc.pid, rng.uniform(0.5, 2.0))
@@ -354,7 +396,7 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
             elif kind == "trainer_kill":
                 the_trainer.kill()
             f.ended = f.ended or time.monotonic()
-            events.append(f"{f.ended - started:6.2f}s {kind} {detail}".rstrip())
+            injected.append((f, f"{f.ended - started:6.2f}s {kind} {detail}".rstrip()))
         if not the_trainer.finished.wait(180):
             errors.append("the trainer did not finish within 180 s")
         over.set()
@@ -370,7 +412,17 @@ def run_seed(seed: int, store: str, work: Path, steps: int = 16, faults: int = 4
     records = read_records(cluster.run_dir)
     errors.extend(ledger.trained_from(records, steps))
     ledger.notes.extend(errors)
-    return check(ledger), events
+    committed = list(ledger.committed.values())
+    return check(ledger), [text + timing(f, committed) for f, text in injected]
+
+
+def timing(f: Fault, committed: list[float]) -> str:
+    """Seconds from the fault's injection to serving again and to the next step (tests.faults.ledger.next_step)."""
+    def since(t: float) -> str:
+        return f"{t - f.injected:.2f} s" if t else "never"
+
+    silent = "; SILENT" if f.damage and not f.reported else ""
+    return f" -> serving {since(f.serving)}, next step {since(next_step(f, committed))}{silent}"
 
 
 def main() -> int:
@@ -387,7 +439,10 @@ def main() -> int:
     parser.add_argument("--store", choices=["embedded", "redis", "both"], default="both")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--faults", type=int, default=4)
+    parser.add_argument("--kinds", default="", help="comma-separated fault kinds to draw from (default: all)")
+    parser.add_argument("--table", action="store_true", help="print the markdown table per store and fault kind")
     args = parser.parse_args(rest)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
     from tests.faults.ledger import summarize
 
     stores = ["embedded", "redis"] if args.store == "both" else [args.store]
@@ -396,7 +451,10 @@ def main() -> int:
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for store in stores:
             with tempfile.TemporaryDirectory() as tmp:
-                verdict, events = run_seed(seed, store, Path(tmp), args.steps, args.faults)
+                pool = tuple(k for k in kinds if k in (EMBEDDED_FAULTS if store == "embedded" else REDIS_FAULTS))
+                if kinds and not pool:
+                    continue
+                verdict, events = run_seed(seed, store, Path(tmp), args.steps, args.faults, kinds=pool or None)
             verdicts[store].append(verdict)
             print(f"seed {seed} {store}: {verdict.line()}  [{'; '.join(e.split(' ', 1)[1] for e in events)}]",
                   flush=True)
@@ -406,6 +464,10 @@ def main() -> int:
                       f"unexpected {verdict.unexpected[:5]}", flush=True)
     for store in stores:
         print(f"[{store}] " + summarize(verdicts[store]))
+    if args.table:
+        from tests.faults.report import markdown_table
+
+        print(markdown_table(verdicts))
     return 1 if bad else 0
 
 

@@ -17,12 +17,12 @@ from rlfleet.runtime.ports import free_port
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-
 class RedisServer:
     """One redis-server process; start(), kill9(), restart(), stop()."""
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(self, directory: Path, port: int | None = None, args: tuple[str, ...] = ()) -> None:
         self.dir = Path(directory)
+        self.args = args                # more redis-server options; later ones win (e.g. --appendfsync everysec)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
@@ -34,7 +34,7 @@ class RedisServer:
     def start(self, timeout: float = 15.0) -> RedisServer:
         cmd = [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
                "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
-               "--protected-mode", "yes", "--logfile", str(self.dir / "redis.log")]
+               "--protected-mode", "yes", "--logfile", str(self.dir / "redis.log"), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + timeout

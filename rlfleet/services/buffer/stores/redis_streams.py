@@ -23,7 +23,8 @@ that no batch records (a consumer that died between read and record), idle for o
 XAUTOCLAIM and queued again.
 Durability is Redis's: run it with --appendonly yes --appendfsync always (Redis replies to EXEC only after the AOF
 fsync, so an acknowledged call survives power loss); `everysec` survives a kill -9 of redis-server but a power loss
-loses up to ~1 s of acknowledged Puts, deliveries and Acks (load() warns when it sees a weaker setting).
+loses up to ~1 s of acknowledged Puts, deliveries and Acks. The first load() checks the server's setting against
+buffer.redis_durability (redis_durability.py) and refuses to start on a weaker one unless that field names it.
 The buffer process must be the only writer of its prefix.
 """
 
@@ -43,6 +44,7 @@ from rlfleet.services.buffer.mutations import Add, Cancel, Close, Counters, Deli
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import StoreError, Superseded
 from rlfleet.services.buffer.stores.redis_commit import CONSUMER, GROUP, CommitBuilder, sid
+from rlfleet.services.buffer.stores.redis_durability import Durability, check_durability
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class RedisStore:
     """Buffer state in Redis Streams and hashes; see the module docstring for the key layout."""
 
     def __init__(self, url: str, prefix: str = "rlfleet:run:buffer", client: redis.Redis | None = None,
-                 orphan_idle_ms: int = 0, info_every_commit: bool = False) -> None:
+                 orphan_idle_ms: int = 0, info_every_commit: bool = False, durability: Durability = "always") -> None:
         # no client-side retries: a re-sent MULTI could apply twice; the buffer reloads instead
         self._connects = self._checked = 0
         # info_every_commit: for a proxy that keeps client connections across a restart of the server behind it
@@ -69,6 +71,7 @@ class RedisStore:
         self.epoch = 0                          # this writer's epoch, taken by the first load()
         self.failure: str | None = None
         self.orphan_idle_ms = orphan_idle_ms    # 0: the buffer is the only reader, so at start any is orphaned
+        self.durability = durability            # buffer.redis_durability: what the server's persistence must be
 
     # ---- load ----------------------------------------------------------------------------------------------------
     def load(self) -> State:
@@ -81,8 +84,8 @@ class RedisStore:
         self._checked = self._connects
         self._run_id = self.r.info("server")["run_id"]
         if self.epoch == 0:
+            check_durability(self.r, self.durability)       # WeakDurability: refused before taking an epoch
             self.epoch = int(self.r.incr(self.k["epoch"]))
-            self._warn_weak_fsync()
         else:
             self._check_epoch(self.r.get(self.k["epoch"]))
         try:
@@ -163,16 +166,6 @@ class RedisStore:
         pipe.hset(self.k["meta"], "seq", seq)
         pipe.execute()
         log.warning("redis store: re-queued %d ready groups read by a dead consumer", len(orphans))
-
-    def _warn_weak_fsync(self) -> None:
-        try:
-            setting = self.r.config_get("appendfsync").get("appendfsync")
-            aof = self.r.config_get("appendonly").get("appendonly")
-        except redis.RedisError:            # CONFIG is often disabled on managed Redis
-            return
-        if aof != "yes" or setting != "always":
-            log.warning("redis store: appendonly %s, appendfsync %s: a power loss of the Redis host loses up to ~1 s "
-                        "of acknowledged samples (use --appendonly yes --appendfsync always)", aof, setting)
 
     def _check_epoch(self, current: bytes | str | None) -> None:
         now = int(current or 0)

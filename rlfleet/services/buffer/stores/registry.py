@@ -29,7 +29,8 @@ def _embedded(cfg: Config) -> Store:
 def _redis(cfg: Config) -> Store:
     from rlfleet.services.buffer.stores.redis_streams import RedisStore
 
-    return RedisStore(cfg.buffer.redis_url, prefix=f"rlfleet:{cfg.run.name}:buffer")
+    return RedisStore(cfg.buffer.redis_url, prefix=f"rlfleet:{cfg.run.name}:buffer",
+                      durability=cfg.buffer.redis_durability)
 
 
 STORES: Mapping[str, StoreKind] = MappingProxyType({s.name: s for s in (
