@@ -21,7 +21,7 @@ class BufferConfig(Section):
         "before Redis replies), else the buffer refuses to start. everysec_loses_1s: also accepts appendfsync "
         "everysec, with a warning (a power loss of the Redis host loses up to ~1 s of acknowledged samples, "
         "deliveries and acks). unchecked_may_lose_writes: accepts any setting (appendfsync no, no AOF at all), "
-        "with a warning. Where CONFIG is denied (a managed Redis, the chart's ACL user) appendfsync cannot be read: "
+        "with a warning. Where CONFIG is denied (some managed Redis services) appendfsync cannot be read: "
         "the buffer checks that the AOF is on (INFO persistence) and warns.")
     capacity: int = Field(1024, ge=1, description="Samples held (stored + in flight) before back-pressure.")
     max_staleness: int = Field(0, ge=0, description="0: synchronous RL; k: samples may lag k weight versions.")

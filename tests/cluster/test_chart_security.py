@@ -114,12 +114,26 @@ def test_rendered_redis_refuses_everyone_but_the_buffer_user(objects: list[dict]
         assert password in url
         store = RedisStore(url, prefix="rlfleet:run:buffer")
         assert store.load() is not None                                         # the buffer's user works
+        # ... and reads appendfsync, so the buffer's durability check is strict in the chart too (not INFO's guess)
+        assert redis.Redis.from_url(url, socket_timeout=5).config_get("appendfsync") == {"appendfsync": "always"}
         with pytest.raises(redis.exceptions.AuthenticationError):
             redis.Redis.from_url(url.replace(password, "guess"), socket_timeout=5).ping()
         store.close()
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_weaker_redis_fsync_renders_only_when_the_run_config_accepts_it_by_name() -> None:
+    need_module("helm_python")
+    with pytest.raises(Exception, match="runConfig.buffer.redis_durability: everysec_loses_1s"):
+        render({"redis": {"appendfsync": "everysec"}})
+    with pytest.raises(Exception, match="runConfig.buffer.redis_durability: unchecked_may_lose_writes"):
+        render({"redis": {"appendfsync": "no"}})
+    accepted = render({"redis": {"appendfsync": "everysec"},
+                       "runConfig": {"buffer": {"redis_durability": "everysec_loses_1s"}}})
+    args = pod_spec(component(accepted, "StatefulSet", "redis"))["containers"][0]["args"]
+    assert args[args.index("--appendfsync") + 1] == "everysec"
 
 
 def test_trainer_ranks_are_given_their_pod_ip_to_bind_the_rendezvous_store_to(objects: list[dict]) -> None:

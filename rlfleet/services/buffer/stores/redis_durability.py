@@ -6,7 +6,7 @@ loss, so the buffer refuses it unless the config turns durability down by name:
   always                     appendonly yes + appendfsync always, else refused (the default)
   everysec_loses_1s          also appendfsync everysec (loses up to ~1 s of acknowledged writes), with a warning
   unchecked_may_lose_writes  anything (appendfsync no, no AOF at all), with a warning
-CONFIG GET is denied on many managed Redis services and to the chart's ACL user (-@dangerous): then appendfsync
+CONFIG GET is denied on many managed Redis services (the chart's ACL user is allowed `config|get`): then appendfsync
 cannot be read; the check falls back to INFO persistence (refused when the AOF is off, under the first two) and
 warns that appendfsync is unverified.
 """
