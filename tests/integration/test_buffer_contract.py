@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfleet.services.buffer.core import BufferCore, PutResult
+from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted, UnknownGroup
 from rlfleet.services.buffer.filters import load_filters
+from rlfleet.services.buffer.results import PutResult
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.stores import Store, StoreError
 from rlfleet.services.buffer.stores.embedded import EmbeddedStore

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from rlfleet.run_dir.lineage import Epoch
@@ -49,6 +49,14 @@ from rlfleet.services.buffer.mutations import (
 )
 from rlfleet.services.buffer.observe import observe
 from rlfleet.services.buffer.put_sorting import classify, put_mutations, split_cancelled
+from rlfleet.services.buffer.results import (
+    MAX_REASON,
+    BatchResult,
+    ClaimResult,
+    PutResult,
+    RejectResult,
+    outcomes,
+)
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.state import Group, State
 from rlfleet.services.buffer.stores import Store, StoreError, Superseded
@@ -76,49 +84,6 @@ def durable_reply(fn: F) -> F:
         return out
 
     return wrapper  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    tickets: list[buffer_pb2.GroupTicket]
-    finished: bool
-    reason: str
-    cancelled: list[str] = field(default_factory=list)    # groups of this replica the buffer no longer wants
-
-
-@dataclass(frozen=True)
-class PutResult:
-    accepted: int
-    duplicates: int
-    cancelled: int = 0           # samples of cancelled groups: not stored, counted as dropped (aborted)
-    outcomes: tuple[buffer_pb2.PutOutcome, ...] = ()   # each sample's, in the request's order
-
-
-def _outcomes(samples: Sequence[sample_pb2.Sample], accepted: set[int], cancelled: set[int]
-              ) -> tuple[buffer_pb2.PutOutcome, ...]:
-    """PutOutcome of each sample by id() of its message: stored now, of a cancelled group, or else a duplicate."""
-    return tuple(buffer_pb2.PUT_ACCEPTED if id(m) in accepted else buffer_pb2.PUT_CANCELLED if id(m) in cancelled
-                 else buffer_pb2.PUT_DUPLICATE for m in samples)
-
-
-@dataclass(frozen=True)
-class RejectResult:
-    quarantined_groups: int
-    quarantined_samples: int
-    requeued_groups: int
-
-
-MAX_REASON = 1024       # bytes of a Reject reason kept per group
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    step: int
-    samples: list[bytes]           # raw serialized Samples, grouped by group, ordered by index
-    group_ids: list[str]
-    complete: bool
-    redelivered: bool
-    acked: int = 0                 # samples the call's ack_through acknowledged
 
 
 class BufferCore:
@@ -302,12 +267,12 @@ class BufferCore:
                     gone = {id(m) for m, _ in late}
                     pairs = [p for p in pairs if id(p[0]) not in gone]
                 if not fresh:
-                    return PutResult(0, dups + settled, dropped, _outcomes(samples, set(), cancelled_ids))
+                    return PutResult(0, dups + settled, dropped, outcomes(samples, set(), cancelled_ids))
                 if self.state.stored_samples() < self.settings.capacity:
                     self._commit(put_mutations(self.state, fresh, self.settings.min_valid_per_group,
                                                self.filters))
                     return PutResult(len(fresh), dups + settled, dropped,
-                                     _outcomes(samples, {id(m) for m, _ in fresh}, cancelled_ids))
+                                     outcomes(samples, {id(m) for m, _ in fresh}, cancelled_ids))
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     raise BufferFull(f"buffer holds {self.state.stored_samples()} samples of capacity "
