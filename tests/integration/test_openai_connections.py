@@ -14,17 +14,13 @@ from typing import Any, cast
 import httpx
 import openai
 import pytest
-from transformers import AutoTokenizer
 
-from rlfleet.protocols import SamplingParams
 from rlfleet.security.pki import CA_CERT, cert_paths, create_run_pki
-from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.openai_api.app import OpenAIApp
 from rlfleet.services.rollout.openai_api.background import BackgroundHTTP
 from rlfleet.services.rollout.openai_api.gateway import OpenAIGateway, Routes
 from rlfleet.services.rollout.openai_api.server import OpenAIServer
-from rlfleet.services.rollout.openai_api.sessions import SessionStore
-from tests.support.calculator_model import calculator_model_dir
+from tests.support.calculator_app import calculator_app
 
 KEY = "connections-key"
 BURST = 64          # more than a claim's episodes (claim_groups x group_size = 32 in the calculator example)
@@ -32,11 +28,7 @@ BURST = 64          # more than a claim's episodes (claim_groups x group_size = 
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[OpenAIApp]:
-    model = calculator_model_dir()
-    tok = AutoTokenizer.from_pretrained(str(model))
-    engine = TorchEngine(model, max_batch_size=2, seed=0)
-    yield OpenAIApp(engine, tok, SamplingParams(max_new_tokens=2), SessionStore(tok))
-    engine.shutdown()
+    yield from calculator_app()
 
 
 def _replica(app: OpenAIApp) -> BackgroundHTTP:

@@ -19,16 +19,12 @@ import httpx
 import openai
 import pytest
 import torch
-from transformers import AutoTokenizer
 
-from rlfleet.protocols import SamplingParams
-from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 from rlfleet.services.rollout.openai_api.app import OpenAIApp
 from rlfleet.services.rollout.openai_api.background import BackgroundHTTP
 from rlfleet.services.rollout.openai_api.gateway import OpenAIGateway, Routes, replicas_in
 from rlfleet.services.rollout.openai_api.server import SESSION_HEADER, OpenAIServer
-from rlfleet.services.rollout.openai_api.sessions import SessionStore
-from tests.support.calculator_model import calculator_model_dir
+from tests.support.calculator_app import calculator_app
 
 torch.set_num_threads(1)
 KEY, OTHER = "limits-key", "other-tenant-key"
@@ -37,11 +33,7 @@ MESSAGES: list[Any] = [{"role": "user", "content": "1+1="}]
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[OpenAIApp]:
-    model = calculator_model_dir()
-    tok = AutoTokenizer.from_pretrained(str(model))
-    engine = TorchEngine(model, max_batch_size=2, seed=0)
-    yield OpenAIApp(engine, tok, SamplingParams(max_new_tokens=2), SessionStore(tok))
-    engine.shutdown()
+    yield from calculator_app()
 
 
 @pytest.fixture
