@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
 def committed_ids_name(rank: int) -> str:
     return f"committed_ids_rank{rank:05d}.json"
 
 
-def complete_step(path: Path) -> int | None:
-    """The step of a checkpoint folder whose every file has the size its checksums.json records; None otherwise."""
+def complete_meta(path: Path) -> dict[str, Any] | None:
+    """meta.json of a checkpoint folder whose every file has the size its checksums.json records; None otherwise
+    (a folder still being written, or cut short). The trainer's checkpoint listing reads folders through this too."""
     try:
         meta = json.loads((path / "meta.json").read_text())
         sums = json.loads((path / "checksums.json").read_text())
@@ -26,7 +28,13 @@ def complete_step(path: Path) -> int | None:
         f = path / rel
         if not f.is_file() or f.stat().st_size != entry["bytes"]:
             return None
-    return int(meta["step"])
+    return meta if isinstance(meta, dict) else None
+
+
+def complete_step(path: Path) -> int | None:
+    """The step of a complete checkpoint folder (complete_meta); None otherwise."""
+    meta = complete_meta(path)
+    return None if meta is None else int(meta["step"])
 
 
 def committed_after(run_dir: Path, step: int) -> dict[str, int]:

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rlfleet.run_dir.atomic import fsync_dir, write_bytes_atomic, write_text_atomic
-from rlfleet.run_dir.committed_ids import committed_ids_name
+from rlfleet.run_dir.committed_ids import committed_ids_name, complete_meta
 from rlfleet.security.safe_unpickle import SafeFileSystemReader, SafeLoadPlanner
 
 log = logging.getLogger(__name__)
@@ -202,15 +202,9 @@ def prune(run_dir: Path, keep: int) -> None:
 
 def _read_info(path: Path) -> CheckpointInfo | None:
     """Info of a complete checkpoint (meta and checksums present, every listed file there with its size)."""
-    try:
-        meta = json.loads((path / META).read_text())
-        sums = json.loads((path / CHECKSUMS).read_text())
-    except (OSError, ValueError):
+    meta = complete_meta(path)
+    if meta is None:
         return None
-    for rel, entry in sums.items():
-        f = path / rel
-        if not f.is_file() or f.stat().st_size != entry["bytes"]:
-            return None
     return CheckpointInfo(path=path, step=int(meta["step"]), version=int(meta["version"]),
                           world_size=int(meta["world_size"]))
 
