@@ -3,6 +3,7 @@ beside it), an all-zero file (the store, verify and salvage agree), a corrupt lo
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -82,3 +83,50 @@ def test_a_corrupt_log_is_refused_at_once_not_retried(tmp_path: Path, caplog: py
     with caplog.at_level("WARNING"), pytest.raises(LogCorrupt, match="corrupt frame at offset 0"):
         build_core(cfg, patience=5.0)           # (it used to retry for the whole patience)
     assert "retrying" not in caplog.text
+
+
+def _unsequenced_log(mutations: list[Mutation]) -> bytes:
+    """The commit-frame format before sequence numbers, written here from its layout: one frame per mutation,
+    [b"RLFC"][u32 length][u32 crc32(length bytes + body)][body], body = [u32 record length][record], record =
+    [u32 header length][JSON header][payload]."""
+    out = b""
+    for m in mutations:
+        header, payload = encode(m)
+        record = struct.pack("<I", len(header)) + header + payload
+        body = struct.pack("<I", len(record)) + record
+        length = struct.pack("<I", len(body))
+        out += MAGIC + length + struct.pack("<I", zlib.crc32(body, zlib.crc32(length))) + body
+    return out
+
+
+def _seqs(data: bytes) -> list[object]:
+    """The first record's header of each frame: {"t": "Seq", "n": N} in the current format (an open log's zeros
+    written ahead of its end are not frames)."""
+    out, pos = [], 0
+    while pos < len(data) and data[pos:pos + 4] == MAGIC:
+        _, length, _ = struct.unpack_from("<4sII", data, pos)
+        (header_len,) = struct.unpack_from("<I", data, pos + 16)
+        out.append(json.loads(data[pos + 20:pos + 20 + header_len]))
+        pos += 12 + length
+    return out
+
+
+def test_a_log_without_sequence_numbers_is_replayed_and_rewritten_numbered(tmp_path: Path) -> None:
+    want = State()
+    for m in _mutations():
+        want.apply(m)
+    old = _unsequenced_log(_mutations())
+    (tmp_path / LOG_NAME).write_bytes(old)
+    store = EmbeddedStore(tmp_path)
+    state = store.load()
+    assert fingerprint(state) == fingerprint(want)
+    assert (tmp_path / f"{LOG_NAME}.unsequenced-0").read_bytes() == old
+    store.commit([Issue("g1", 1, 2, 1e9, "r")], state)
+    state.apply(Issue("g1", 1, 2, 1e9, "r"))
+    assert _seqs((tmp_path / LOG_NAME).read_bytes()) == [{"t": "Seq", "n": 0}, {"t": "Seq", "n": 1}]
+    store.compact(state)                                         # compaction writes the current format too
+    store.commit([Issue("g2", 2, 2, 1e9, "r")], state)
+    state.apply(Issue("g2", 2, 2, 1e9, "r"))
+    store.close()
+    assert _seqs((tmp_path / LOG_NAME).read_bytes()) == [{"t": "Seq", "n": 0}, {"t": "Seq", "n": 1}]
+    assert fingerprint(EmbeddedStore(tmp_path).load()) == fingerprint(state)

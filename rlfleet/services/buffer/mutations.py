@@ -1,6 +1,7 @@
 """The buffer's state changes as records: every store persists these, and State.apply replays them.
 
-A record is a small JSON header plus, for a sample, its raw serialized Sample bytes as the payload.
+A record is a small JSON header plus, for a sample, its raw serialized Sample bytes as the payload. One record is
+not a state change: Seq, the embedded log's commit number (rlfleet.services.buffer.stores.embedded).
 """
 
 from __future__ import annotations
@@ -153,10 +154,20 @@ class Counters:
     cancelled_groups: int = 0
 
 
+@dataclass(frozen=True)
+class Seq:
+    """Not a state change: a commit's number in the embedded store's log, the first record of each commit frame (0
+    for a log's first commit, then one more a commit), so replay tells a repeated frame from the next one. Never
+    reaches State.apply."""
+
+    n: int
+
+
 Mutation = (Issue | Add | Close | Stale | Cancel | Discard | Refuse | Forget | Deliver | AckSteps | Quarantine | Policy
             | Counters)
+Record = Mutation | Seq      # what a log holds
 _TYPES: dict[str, type] = {t.__name__: t for t in (Issue, Add, Close, Stale, Cancel, Discard, Refuse, Forget, Deliver,
-                                                   AckSteps, Quarantine, Policy, Counters)}
+                                                   AckSteps, Quarantine, Policy, Counters, Seq)}
 # Header field names per type, in declaration order ("data" travels as the payload). Every field is a str, number,
 # tuple or flat dict, so the header is built directly: dataclasses.asdict deep-copies and cost ~45 us a record.
 _HEADER_FIELDS: dict[type, tuple[str, ...]] = {
@@ -164,15 +175,15 @@ _HEADER_FIELDS: dict[type, tuple[str, ...]] = {
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
 
-def encode(m: Mutation) -> tuple[bytes, bytes]:
-    """(JSON header, payload) of one mutation."""
+def encode(m: Record) -> tuple[bytes, bytes]:
+    """(JSON header, payload) of one record."""
     cls = type(m)
     header = {name: getattr(m, name) for name in _HEADER_FIELDS[cls]}
     header["t"] = cls.__name__
     return _JSON.encode(header).encode(), m.data if cls is Add else b""  # type: ignore[union-attr]
 
 
-def decode(header: bytes, payload: bytes) -> Mutation:
+def decode(header: bytes, payload: bytes) -> Record:
     fields: dict[str, Any] = json.loads(header)
     cls = _TYPES[fields.pop("t")]
     for key, value in fields.items():

@@ -1,8 +1,12 @@
 """The embedded store: state in the buffer process, durable as an append-only log in RUN_DIR/buffer/.
 
 Each commit is ONE checksummed frame holding all its mutations (rlfleet.services.buffer.stores.logfile), so replay
-applies
-a commit whole or not at all. Durability per `fsync`:
+applies a commit whole or not at all. Its first record is its sequence number (mutations.Seq: 0 for the log file's
+first commit, then one more a commit; a compaction starts the new file at 0): replay refuses a commit whose number
+is not exactly the next one, as a repeated frame (a copy of an earlier commit, never applied twice) or as missing
+commits (LogCorrupt; `rlfleet buffer verify` reports it, `salvage` drops the copy). A log of the format before
+sequence numbers (frames of mutations only) is replayed as it is, then rewritten in the current format on load, the
+original kept beside it as buffer.log.unsequenced-N. Durability per `fsync`:
   always    (default) the reply waits until the commit is fsynced. Group commit: append() only writes (under the
             buffer's lock); sync() is called after the lock is released, and one fsync covers every commit written
             before it, so concurrent Puts share one fsync instead of queueing behind each other's. The log keeps
@@ -31,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlfleet.run_dir.atomic import fsync_dir, write_bytes_atomic
-from rlfleet.services.buffer.mutations import Mutation, decode, encode
+from rlfleet.services.buffer.mutations import Mutation, Record, Seq, decode, encode
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import StoreError
 from rlfleet.services.buffer.stores.logfile import (
@@ -79,55 +83,115 @@ def keep_beside(path: Path, kind: str) -> Path:
     return keep
 
 
-def _body_parts(m: Mutation) -> list[bytes]:
+def _body_parts(m: Record) -> list[bytes]:
     """One mutation record as [header length, JSON header, payload]: a sample's bytes are written, never copied."""
     header, payload = encode(m)
     return [_LEN.pack(len(header)), header, payload]
 
 
-def _body(m: Mutation) -> bytes:
+def _body(m: Record) -> bytes:
     return b"".join(_body_parts(m))
 
 
-def _parse(body: bytes | memoryview) -> Mutation:
+def _parse(body: bytes | memoryview) -> Record:
     (n,) = _LEN.unpack_from(body)
     return decode(bytes(body[_LEN.size:_LEN.size + n]), bytes(body[_LEN.size + n:]))
 
 
-def commit_parts(mutations: list[Mutation]) -> list[bytes]:
-    """The body of one commit frame: each mutation record prefixed by its length, as buffers in order."""
+def _mutation(record: Record) -> Mutation:
+    if isinstance(record, Seq):
+        raise ValueError("a sequence number that is not its commit's first record")
+    return record
+
+
+def commit_parts(mutations: list[Mutation], seq: int) -> list[bytes]:
+    """The body of commit number seq of its log: its Seq record, then each mutation record, each prefixed by its
+    length, as buffers in order."""
     out: list[bytes] = []
-    for m in mutations:
+    for m in [Seq(seq), *mutations]:
         parts = _body_parts(m)
         out.append(_LEN.pack(sum(len(p) for p in parts)))
         out.extend(parts)
     return out
 
 
-def decode_commit(body: bytes) -> list[Mutation]:
-    """The mutations of one commit frame's body. Raises ValueError (and the decoders' errors) on a bad body."""
-    view, pos, out = memoryview(body), 0, []
+def _records(body: bytes) -> Iterator[memoryview]:
+    view, pos = memoryview(body), 0
     while pos < len(view):
         if len(view) - pos < _LEN.size:
             raise ValueError(f"{len(view) - pos} stray bytes at the end of a commit")
         (n,) = _LEN.unpack_from(view, pos)
         if pos + _LEN.size + n > len(view):
             raise ValueError(f"a record of {n} bytes runs past the end of its commit")
-        out.append(_parse(view[pos + _LEN.size:pos + _LEN.size + n]))
+        yield view[pos + _LEN.size:pos + _LEN.size + n]
         pos += _LEN.size + n
-    return out
+
+
+def read_commit(body: bytes) -> tuple[int | None, list[Mutation]]:
+    """(sequence number, mutations) of one commit frame's body; None for a commit of the format before sequence
+    numbers. Raises ValueError (and the decoders' errors) on a bad body."""
+    records = [_parse(r) for r in _records(body)]
+    if records and isinstance(records[0], Seq):
+        return records[0].n, [_mutation(r) for r in records[1:]]
+    return None, [_mutation(r) for r in records]
+
+
+def read_frame(body: bytes, legacy: bool) -> tuple[int | None, list[Mutation]]:
+    """read_commit, or for a log of the format before commit frames (legacy) the one mutation of its frame."""
+    return (None, [_mutation(_parse(body))]) if legacy else read_commit(body)
+
+
+def decode_commit(body: bytes) -> list[Mutation]:
+    """The mutations of one commit frame's body. Raises ValueError (and the decoders' errors) on a bad body."""
+    return read_commit(body)[1]
+
+
+def first_seq(result: Scan) -> int | None:
+    """The sequence number of the log's first commit (reads its first record only); None for an empty log or one of
+    a format before sequence numbers."""
+    if result.legacy or not result.frames:
+        return None
+    first = next(_records(result.frames[0][1]), None)
+    record = _parse(first) if first is not None else None
+    return record.n if isinstance(record, Seq) else None
+
+
+def sequence_fault(result: Scan, index: int, seq: int | None, sequenced: bool) -> str:
+    """Why commit number index of the scan (sequence number seq) may not be applied next; "" when it may. In a log
+    of sequence numbers the commit at index i is number i (a file's first commit is 0); in a log of the format
+    before them (sequenced False) no commit has one."""
+    if not sequenced:
+        return "" if seq is None else f"a commit numbered {seq} in a log of the format without sequence numbers"
+    offset = result.frames[index][0]
+    if seq is None:
+        return f"the commit at offset {offset} has no sequence number (expected {index})"
+    if seq < index:
+        return (f"the commit at offset {offset} repeats commit {seq} (at offset {result.frames[seq][0]}): a "
+                f"duplicated frame, never applied twice")
+    if seq > index:
+        missing = f"commit {index} is" if seq == index + 1 else f"commits {index}..{seq - 1} are"
+        return f"the commit at offset {offset} is number {seq} where {index} was next: {missing} missing"
+    return ""
 
 
 def replay(result: Scan) -> State:
-    """The state the intact commits of a scan rebuild. StoreError naming file and offset on a record that does not
-    decode or does not apply (a checksum-valid frame the code cannot read: a bug or a foreign file, never cut)."""
-    state = State()
-    for offset, body in result.frames:
+    """The state the intact commits of a scan rebuild. LogCorrupt naming file and offset on a record that does not
+    decode or does not apply (a checksum-valid frame the code cannot read: a bug or a foreign file, never cut), or
+    on a commit whose sequence number is not the next one (a repeated frame, or missing commits: never applied)."""
+    state, sequenced = State(), first_seq(result) is not None
+    for index, (offset, body) in enumerate(result.frames):
         try:
-            muts = [_parse(body)] if result.legacy else decode_commit(body)
+            seq, muts = read_frame(body, result.legacy)
+        except Exception as exc:   # a decoder error: reported as the store's, with its place
+            raise LogCorrupt(f"{result.path}: commit at offset {offset} cannot be replayed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        fault = sequence_fault(result, index, seq, sequenced)
+        if fault:
+            raise LogCorrupt(f"{result.path}: {fault}")
+        try:
             for m in muts:
                 state.apply(m)
-        except Exception as exc:   # a decoder or State.apply error: reported as the store's, with its place
+        except Exception as exc:   # a State.apply error: reported as the store's, with its place
             raise LogCorrupt(f"{result.path}: commit at offset {offset} cannot be replayed: "
                              f"{type(exc).__name__}: {exc}") from exc
     return state
@@ -149,6 +213,7 @@ class EmbeddedStore:
         self._compact_after = 0            # log size a compaction is next tried at (after a failed one: later)
         self._compact_failed: tuple[int, int] | None = None   # (free disk bytes, log size) at a failure for space
         self._failed_bytes = 0             # size of the last commit that could not be written
+        self._next_seq = 0                 # the sequence number of the next commit written to the log file
         # group commit: byte counters over the store's life (never reset, so tokens outlive compactions)
         self._cv = threading.Condition()
         self._appended = 0                 # bytes written
@@ -174,17 +239,21 @@ class EmbeddedStore:
                 raise LogCorrupt(f"{result.describe()}; refusing to start: run `rlfleet buffer verify` / "
                                  f"`rlfleet buffer salvage` on the run folder")
             state = replay(result)
+            unsequenced = bool(result.frames) and first_seq(result) is None
             try:
                 if result.damage is not None:
                     kept = self._keep_tail(data[result.damage.offset:])
                     log.warning("%s; cut off%s", result.describe(), f" (its bytes kept as {kept})" if kept else "")
-                if result.legacy:
-                    kept = keep_beside(self.path, "legacy")
-                    log.warning("%s: old log format; rewriting it as commit frames (the original kept as %s)",
-                                self.path, kept)
+                if unsequenced:
+                    kind = "legacy" if result.legacy else "unsequenced"
+                    kept = keep_beside(self.path, kind)
+                    log.warning("%s: old log format (%s); rewriting it as numbered commit frames (the original kept "
+                                "as %s)", self.path, kind, kept)
                     self._log = replace_with(self.path, self._snapshot_frames(state), self._preallocate)
+                    self._next_seq = 1
                 else:
                     self._log = AppendLog(self.path, result.end, preallocate=self._preallocate)
+                    self._next_seq = len(result.frames)
                     # what a killed process wrote is only in the page cache: make it durable before anything is
                     # served or acknowledged from it (a retried Put answered as a duplicate, a re-asked batch)
                     self._log.fsync()
@@ -219,19 +288,20 @@ class EmbeddedStore:
         assert self._log is not None, "load() first"
         if self._log.size > self._compact_after and self._space_freed():
             self._try_compact(state)
-        before, buffers = self._log.size, frame_parts(commit_parts(mutations))
+        before, buffers = self._log.size, frame_parts(commit_parts(mutations, self._next_seq))
         try:
             try:
                 self._log.append_buffers(buffers)
             except OSError as exc:       # cut back: the zeros written ahead of the log are given back too
                 if exc.errno not in DISK_FULL or not self._compact_on_disk_full(state):
                     raise
-                before = self._log.size
-                self._log.append_buffers(buffers)          # once more, into the compacted log
+                before, buffers = self._log.size, frame_parts(commit_parts(mutations, self._next_seq))
+                self._log.append_buffers(buffers)          # once more, into the compacted log (numbered after it)
         except OSError as exc:
             self.failure = f"buffer log {self.path}: {exc}"
             self._failed_bytes = sum(len(b) for b in buffers)
             raise StoreError(self.failure) from exc
+        self._next_seq += 1
         with self._cv:
             self._appended += self._log.size - before
             if self.fsync != "always" and self._appended > self._suspect:
@@ -322,7 +392,8 @@ class EmbeddedStore:
 
     # ---- compaction ----------------------------------------------------------------------------------------------
     def _snapshot_frames(self, state: State) -> list[bytes]:
-        return frame_parts(commit_parts(state.snapshot()))
+        """The snapshot of state as the first commit (number 0) of a new log file."""
+        return frame_parts(commit_parts(state.snapshot(), 0))
 
     def compact(self, state: State, frames: list[bytes] | None = None) -> None:
         """Rewrite the log as the snapshot of state (which must equal the log's content; frames: that snapshot's,
@@ -332,6 +403,7 @@ class EmbeddedStore:
         with self._exclusive():
             new = replace_with(self.path, frames, self._preallocate)
             old, self._log = self._log, new
+            self._next_seq = 1
             old.close()
             with self._cv:
                 self._durable = self._appended       # everything so far is in the fsynced snapshot

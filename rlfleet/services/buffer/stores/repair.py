@@ -7,18 +7,28 @@ may be lost. An all-zero log is a torn tail at offset 0 (no commit ever complete
 agree that it starts empty. salvage rebuilds the state
 from the intact commits before the damage plus every intact commit after it that still applies on top (in order;
 one that does not is skipped and reported), keeps the damaged file as buffer.log.corrupt-N and writes the
-salvaged state as a fresh log. The buffer must not be running (the log's lock says so).
+salvaged state as a fresh log. A commit whose sequence number repeats one already applied (a duplicated frame) is
+corruption to verify and is dropped by salvage (never applied twice); one that skips numbers is reported as missing
+commits and, if it applies, kept. The buffer must not be running (the log's lock says so).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlfleet.services.buffer.state import State
 from rlfleet.services.buffer.stores import StoreError
-from rlfleet.services.buffer.stores.embedded import LOG_NAME, commit_parts, decode_commit, keep_beside, replay
+from rlfleet.services.buffer.stores.embedded import (
+    LOG_NAME,
+    LogCorrupt,
+    commit_parts,
+    first_seq,
+    keep_beside,
+    read_frame,
+    replay,
+)
 from rlfleet.services.buffer.stores.logfile import AppendLog, Scan, body_at, frame_parts, replace_with, scan, scan_bytes
 
 
@@ -61,8 +71,64 @@ def verify(run_dir: Path) -> Report:
 
 def _later_frames(result: Scan, data: bytes) -> list[tuple[int, bytes]]:
     """The intact frames after the damage, in order."""
-    assert result.damage is not None
+    if result.damage is None:
+        return []
     return [(at, body_at(data, at)) for at in result.damage.intact_after]
+
+
+def _replays(result: Scan) -> bool:
+    try:
+        replay(result)
+    except LogCorrupt:
+        return False
+    return True
+
+
+@dataclass
+class _Rebuilt:
+    state: State
+    kept_before: int = 0      # commits of the intact prefix applied
+    kept_after: int = 0       # intact commits after the damage applied
+    notes: list[str] = field(default_factory=list)    # each commit not applied, and each gap in the numbers
+
+
+def _rebuild(result: Scan, later: list[tuple[int, bytes]]) -> _Rebuilt:
+    """The state of the intact prefix's commits, then of each later intact commit that applies on top, in order.
+    A commit whose number repeats one applied is dropped (a duplicated frame); a prefix commit that does not apply
+    is refused (LogCorrupt), a later one skipped. Every drop or gap is reported in skipped."""
+    out, last = _Rebuilt(State()), -1
+    skipped = out.notes
+    sequenced = first_seq(result) is not None
+    for i, (offset, body) in enumerate([*result.frames, *later]):
+        prefix = i < len(result.frames)
+        try:
+            seq, muts = read_frame(body, result.legacy)
+        except Exception as exc:   # a commit that does not decode
+            if prefix:
+                raise LogCorrupt(f"{result.path}: commit at offset {offset} cannot be replayed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            skipped.append(f"offset {offset}: {type(exc).__name__}: {exc}")
+            continue
+        if sequenced and seq is not None and seq <= last:
+            skipped.append(f"offset {offset}: repeats commit {seq} (a duplicated frame; not applied twice)")
+            continue
+        if sequenced and seq is not None and seq > last + 1:
+            skipped.append(f"offset {offset}: commits {last + 1}..{seq - 1} are missing before it (numbered {seq})")
+        if prefix:
+            for m in muts:
+                out.state.apply(m)
+            out.kept_before += 1
+        else:
+            trial = copy.deepcopy(out.state)
+            try:
+                for m in muts:
+                    trial.apply(m)
+            except Exception as exc:   # a commit that needed what the damage took: skipped, reported
+                skipped.append(f"offset {offset}: {type(exc).__name__}: {exc}")
+                continue
+            out.state, out.kept_after = trial, out.kept_after + 1
+        last = seq if seq is not None else last
+    return out
 
 
 def salvage(run_dir: Path) -> Report:
@@ -73,26 +139,19 @@ def salvage(run_dir: Path) -> Report:
     try:
         data = path.read_bytes()
         result = scan_bytes(path, data)
-        if result.damage is None or result.damage.torn_tail:
+        damaged = result.damage is not None and not result.damage.torn_tail
+        if not damaged and _replays(result):
             return Report(f"{result.describe()}; nothing to salvage (a torn tail is cut at the next start)", True)
-        state = replay(Scan(path, result.size, result.frames, result.end, None, result.legacy))
-        kept, skipped = 0, []
-        for offset, body in _later_frames(result, data):
-            trial = copy.deepcopy(state)
-            try:
-                for m in decode_commit(body):
-                    trial.apply(m)
-            except Exception as exc:   # a commit that needed what the damage took: skipped, reported
-                skipped.append(f"offset {offset}: {type(exc).__name__}: {exc}")
-                continue
-            state, kept = trial, kept + 1
+        rebuilt = _rebuild(result, _later_frames(result, data) if damaged else [])
+        state = rebuilt.state
         keep = keep_beside(path, "corrupt")        # a hard link to the damaged file, renamed over next
-        replace_with(path, frame_parts(commit_parts(state.snapshot()))).close()
+        replace_with(path, frame_parts(commit_parts(state.snapshot(), 0))).close()
     finally:
         lock.close()
     lines = [result.describe(),
-             f"salvaged {len(result.frames)} commits before the damage and {kept} after it; skipped {len(skipped)}",
-             *[f"  skipped {s}" for s in skipped],
+             f"salvaged {rebuilt.kept_before} commits before the damage and {rebuilt.kept_after} after it; "
+             f"{len(rebuilt.notes)} notes",
+             *[f"  {note}" for note in rebuilt.notes],
              f"state now: {_summary(state)}", f"the damaged log is kept as {keep}"]
     return Report("\n".join(lines), True)
 
