@@ -10,11 +10,21 @@ from pathlib import Path
 
 import pytest
 import redis
+import yaml
 
 from rlfleet.security.bound_store import POD_IP_ENV
 from rlfleet.security.scrub import redis_url_with_credentials
 from rlfleet.services.buffer.stores.redis_streams import RedisStore
-from tests.cluster.chart import WORKLOAD_KINDS, all_pod_specs, by_kind, component, pod_spec, render
+from tests.cluster.chart import (
+    WORKLOAD_KINDS,
+    all_pod_specs,
+    by_kind,
+    component,
+    merge,
+    pod_spec,
+    render,
+    scenario_values,
+)
 from tests.cluster.tools import need_module
 from tests.support.redis_server import free_port
 
@@ -70,24 +80,47 @@ def test_network_policies_close_redis_and_the_trainer_ports(objects: list[dict])
     assert set(policies) <= known, set(policies) - known       # no other policy opens a port
 
 
-def test_only_trainer_pods_write_checkpoints(objects: list[dict]) -> None:
-    checked = 0
+def _claims(spec: dict, container: dict) -> dict[str, tuple[str, bool]]:
+    """claimName -> (mountPath, read-only) of every PVC a container mounts."""
+    vols = {v["name"]: v["persistentVolumeClaim"] for v in spec.get("volumes", []) if "persistentVolumeClaim" in v}
+    return {vols[m["name"]]["claimName"]: (m["mountPath"], bool(m.get("readOnly") or vols[m["name"]].get("readOnly")))
+            for m in container.get("volumeMounts", []) if m["name"] in vols}
+
+
+@pytest.mark.parametrize("scenario", ["cpu-minimal", "gpu-64gpus-2racks", "cpu-disk-delta"])
+def test_only_trainer_pods_mount_the_checkpoint_volume_and_deltas_have_their_own(scenario: str) -> None:
+    need_module("helm_python")
+    values = (scenario_values("cpu-minimal") if scenario == "cpu-disk-delta" else scenario_values(scenario))
+    if scenario == "cpu-disk-delta":
+        values = merge(values, {"runConfig": {"weight_sync": {"transport": "disk_delta"}}})
+    objects = render(values)
+    config = next(c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"] == "run1-config")
+    delta_dir = (yaml.safe_load(config["data"]["config.yaml"]).get("weight_sync") or {}).get("delta_dir")
+    uses_deltas = values["runConfig"]["weight_sync"]["transport"] in ("disk_delta", "auto")
+    seen: dict[str, int] = {}
     for obj in objects:
         if obj["kind"] not in WORKLOAD_KINDS:
             continue
+        comp = _component(obj["metadata"]["labels"])
         for spec in all_pod_specs(obj):
-            comp = _component(obj["metadata"]["labels"])
-            for c in spec["containers"]:
-                mounts = [m for m in c.get("volumeMounts", []) if m["name"] == "data"]
-                if not mounts:
-                    continue
-                ro = [m for m in mounts if m["mountPath"] == "/data/runs/run/checkpoints"]
+            for c in spec["containers"] + spec.get("initContainers", []):
+                claims = _claims(spec, c)
                 if comp == "trainer":
-                    assert not ro, obj["metadata"]["name"]
+                    assert claims.get("run1-checkpoints", ("", True))[1] is False, obj["metadata"]["name"]
                 else:
-                    assert ro and ro[0]["readOnly"] is True and ro[0]["subPath"] == "runs/run/checkpoints", comp
-                checked += 1
-    assert checked >= 4
+                    assert "run1-checkpoints" not in claims, (obj["metadata"]["name"], c["name"])
+                if "run1-deltas" in claims:
+                    path, read_only = claims["run1-deltas"]
+                    assert path == delta_dir and read_only is (comp != "trainer"), (comp, claims)
+                    assert comp in ("trainer", "rollout")
+                    seen[str(comp)] = seen.get(str(comp), 0) + 1
+                    assert path not in {p for k, (p, _) in claims.items() if k != "run1-deltas"}
+    pvcs = {p["metadata"]["name"] for p in by_kind(objects, "PersistentVolumeClaim")}
+    if uses_deltas:
+        assert delta_dir and seen.get("trainer") and seen.get("rollout") and "run1-deltas" in pvcs
+    else:
+        assert not seen and "run1-deltas" not in pvcs and not delta_dir
+    assert "run1-checkpoints" in pvcs
 
 
 def test_rendered_redis_refuses_everyone_but_the_buffer_user(objects: list[dict], tmp_path: Path) -> None:

@@ -38,7 +38,7 @@
   securityContext:
     {{- include "rlfleet.containerSecurityContext" (dict "root" .root "gpu" (gt (int (default 0 .gpus)) 0)) | nindent 4 }}
   volumeMounts:
-    {{- include "rlfleet.volumeMounts" (dict "root" .root "storage" true "gpu" (gt (int (default 0 .gpus)) 0) "writeCheckpoints" (eq .module "trainer") "identity" .module) | nindent 4 }}
+    {{- include "rlfleet.volumeMounts" (dict "root" .root "storage" true "gpu" (gt (int (default 0 .gpus)) 0) "identity" .module) | nindent 4 }}
     {{- with .extraMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

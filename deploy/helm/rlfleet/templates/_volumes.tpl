@@ -11,9 +11,24 @@ of component `identity`. */}}
   persistentVolumeClaim:
     claimName: {{ default (include "rlfleet.name" (dict "root" .root "component" "model")) .root.Values.storage.model.existingClaim }}
     readOnly: true
+{{- if eq .identity "trainer" }}
+{{- /* The checkpoint volume reaches trainer pods only: no other pod can hide, replace or roll back a sealed
+checkpoint (a read-only subPath overlay on a writable mount could be side-stepped by renaming its parent). */}}
 - name: data
   persistentVolumeClaim:
     claimName: {{ default (include "rlfleet.name" (dict "root" .root "component" "checkpoints")) .root.Values.storage.checkpoints.existingClaim }}
+{{- else }}
+{{- /* Everyone else's run folder (metrics, logs) is the pod's own scratch. */}}
+- name: data
+  emptyDir: {}
+{{- end }}
+{{- if and (include "rlfleet.deltaVolume" .root) (has .identity (list "trainer" "rollout")) }}
+{{- /* disk_delta's files: a volume of their own, written by trainer pods, read-only in rollout pods. */}}
+- name: deltas
+  persistentVolumeClaim:
+    claimName: {{ default (include "rlfleet.name" (dict "root" .root "component" "deltas")) .root.Values.storage.deltas.existingClaim }}
+    readOnly: {{ ne .identity "trainer" }}
+{{- end }}
 {{- end }}
 {{- if and .identity (eq (include "rlfleet.securityMode" .root) "mtls") }}
 {{ include "rlfleet.pkiVolume" (dict "root" .root "identity" .identity) }}
@@ -52,12 +67,10 @@ lists and no others). */}}
   readOnly: true
 - name: data
   mountPath: /data
-{{- if not .writeCheckpoints }}
-{{- /* Only trainer pods write checkpoints: everyone else sees the run's checkpoint folder read-only. */}}
-- name: data
-  mountPath: /data/runs/{{ .root.Values.runConfig.run.name }}/checkpoints
-  subPath: runs/{{ .root.Values.runConfig.run.name }}/checkpoints
-  readOnly: true
+{{- if and (include "rlfleet.deltaVolume" .root) (has .identity (list "trainer" "rollout")) }}
+- name: deltas
+  mountPath: {{ include "rlfleet.deltaDir" .root }}
+  readOnly: {{ ne .identity "trainer" }}
 {{- end }}
 {{- end }}
 {{- if and .identity (eq (include "rlfleet.securityMode" .root) "mtls") }}
@@ -75,3 +88,13 @@ lists and no others). */}}
   mountPath: /dev/shm
 {{- end }}
 {{- end -}}
+
+
+{{/* "true" when the run's weight transport may use delta files (disk_delta, or auto, which may pick it). */}}
+{{- define "rlfleet.deltaVolume" -}}
+{{- $ws := default dict .Values.runConfig.weight_sync -}}
+{{- if has (default "bucketed" $ws.transport) (list "disk_delta" "auto") }}true{{ end -}}
+{{- end -}}
+
+{{/* Where the delta volume is mounted: weight_sync.delta_dir in the rendered config. */}}
+{{- define "rlfleet.deltaDir" -}}/deltas{{- end -}}
