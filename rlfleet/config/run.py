@@ -17,6 +17,10 @@ class RunConfig(Section):
     dir: str = Field("runs/{name}", description="The run folder: metrics, checkpoints, logs, the resolved config.")
     seed: int = Field(0, description="The run's random seed.")
     resume: bool = Field(False, description="Continue from the newest checkpoint in run.dir.")
+    allow_older_checkpoint: bool = Field(False, description="Resume even from a checkpoint older than the buffer's "
+                                         "committed step (refused otherwise): training goes on after that step, "
+                                         "and the samples the buffer acknowledged for the steps after the "
+                                         "checkpoint are lost to training.")
 
 
 class ModelConfig(Section):

@@ -22,6 +22,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "/rlfleet.v1.Buffer/Ack": frozenset({"trainer"}),
     "/rlfleet.v1.Buffer/Reject": frozenset({"trainer"}),
     "/rlfleet.v1.Buffer/Stats": frozenset({"trainer"}) | OBSERVERS,
+    "/rlfleet.v1.Buffer/TrainerResume": frozenset({"trainer"}),
     # Rollout: the trainer evaluates (Generate) and may load weights directly; operators pause and look
     "/rlfleet.v1.Rollout/Generate": frozenset({"trainer", "operator"}),
     "/rlfleet.v1.Rollout/Pause": frozenset({"trainer"}) | OBSERVERS,

@@ -160,7 +160,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BufferStats(_message.Message):
-    __slots__ = ("stored_samples", "ready_groups", "partial_groups", "tickets_in_flight", "delivered_unacked", "acked_samples", "dropped", "capacity", "put_samples", "policy_version", "next_prompt_index", "finished", "cancelled_groups", "quarantined_groups", "quarantine_reasons")
+    __slots__ = ("stored_samples", "ready_groups", "partial_groups", "tickets_in_flight", "delivered_unacked", "acked_samples", "dropped", "capacity", "put_samples", "policy_version", "next_prompt_index", "finished", "cancelled_groups", "quarantined_groups", "quarantine_reasons", "committed_step")
     class DroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,7 @@ class BufferStats(_message.Message):
     CANCELLED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     QUARANTINE_REASONS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
     stored_samples: int
     ready_groups: int
     partial_groups: int
@@ -205,4 +206,35 @@ class BufferStats(_message.Message):
     cancelled_groups: int
     quarantined_groups: int
     quarantine_reasons: _containers.ScalarMap[str, int]
-    def __init__(self, stored_samples: _Optional[int] = ..., ready_groups: _Optional[int] = ..., partial_groups: _Optional[int] = ..., tickets_in_flight: _Optional[int] = ..., delivered_unacked: _Optional[int] = ..., acked_samples: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., capacity: _Optional[int] = ..., put_samples: _Optional[int] = ..., policy_version: _Optional[int] = ..., next_prompt_index: _Optional[int] = ..., finished: _Optional[bool] = ..., cancelled_groups: _Optional[int] = ..., quarantined_groups: _Optional[int] = ..., quarantine_reasons: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    committed_step: int
+    def __init__(self, stored_samples: _Optional[int] = ..., ready_groups: _Optional[int] = ..., partial_groups: _Optional[int] = ..., tickets_in_flight: _Optional[int] = ..., delivered_unacked: _Optional[int] = ..., acked_samples: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., capacity: _Optional[int] = ..., put_samples: _Optional[int] = ..., policy_version: _Optional[int] = ..., next_prompt_index: _Optional[int] = ..., finished: _Optional[bool] = ..., cancelled_groups: _Optional[int] = ..., quarantined_groups: _Optional[int] = ..., quarantine_reasons: _Optional[_Mapping[str, int]] = ..., committed_step: _Optional[int] = ...) -> None: ...
+
+class TrainerResumeRequest(_message.Message):
+    __slots__ = ("checkpoint_step", "trained", "allow_older_checkpoint", "consumer")
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_OLDER_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_step: int
+    trained: _containers.RepeatedCompositeFieldContainer[TrainedSamples]
+    allow_older_checkpoint: bool
+    consumer: str
+    def __init__(self, checkpoint_step: _Optional[int] = ..., trained: _Optional[_Iterable[_Union[TrainedSamples, _Mapping]]] = ..., allow_older_checkpoint: _Optional[bool] = ..., consumer: _Optional[str] = ...) -> None: ...
+
+class TrainedSamples(_message.Message):
+    __slots__ = ("step", "sample_ids")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    sample_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step: _Optional[int] = ..., sample_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TrainerResumeReply(_message.Message):
+    __slots__ = ("committed_step", "dropped_samples", "acked_samples")
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    ACKED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    committed_step: int
+    dropped_samples: int
+    acked_samples: int
+    def __init__(self, committed_step: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., acked_samples: _Optional[int] = ...) -> None: ...

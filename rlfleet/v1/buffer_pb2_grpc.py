@@ -68,6 +68,11 @@ class BufferStub:
                 request_serializer=rlfleet_dot_v1_dot_buffer__pb2.StatsRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_buffer__pb2.BufferStats.FromString,
                 _registered_method=True)
+        self.TrainerResume = channel.unary_unary(
+                '/rlfleet.v1.Buffer/TrainerResume',
+                request_serializer=rlfleet_dot_v1_dot_buffer__pb2.TrainerResumeRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_buffer__pb2.TrainerResumeReply.FromString,
+                _registered_method=True)
 
 
 class BufferServicer:
@@ -113,6 +118,12 @@ class BufferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TrainerResume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BufferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +156,11 @@ def add_BufferServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=rlfleet_dot_v1_dot_buffer__pb2.StatsRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_buffer__pb2.BufferStats.SerializeToString,
+            ),
+            'TrainerResume': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrainerResume,
+                    request_deserializer=rlfleet_dot_v1_dot_buffer__pb2.TrainerResumeRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_buffer__pb2.TrainerResumeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,6 +329,33 @@ class Buffer:
             '/rlfleet.v1.Buffer/Stats',
             rlfleet_dot_v1_dot_buffer__pb2.StatsRequest.SerializeToString,
             rlfleet_dot_v1_dot_buffer__pb2.BufferStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrainerResume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.Buffer/TrainerResume',
+            rlfleet_dot_v1_dot_buffer__pb2.TrainerResumeRequest.SerializeToString,
+            rlfleet_dot_v1_dot_buffer__pb2.TrainerResumeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,6 +30,7 @@ EXPECTED: dict[str, set[str]] = {
     "/rlfleet.v1.Buffer/Ack": {"trainer"},
     "/rlfleet.v1.Buffer/Reject": {"trainer"},
     "/rlfleet.v1.Buffer/Stats": {"trainer"} | OBS,
+    "/rlfleet.v1.Buffer/TrainerResume": {"trainer"},
     "/rlfleet.v1.Rollout/Generate": {"trainer", "operator"},
     "/rlfleet.v1.Rollout/Pause": {"trainer"} | OBS,
     "/rlfleet.v1.Rollout/Resume": {"trainer"} | OBS,

@@ -30,7 +30,8 @@ from tests.security.pki_fixtures import make_pki
 EXAMPLES = int(os.environ.get("RLFLEET_FUZZ_EXAMPLES", "15"))
 DEADLINE = 2.0
 CALLERS = {"Buffer/Claim": "rollout", "Buffer/Put": "rollout", "Buffer/GetBatch": "trainer", "Buffer/Ack": "trainer",
-           "Buffer/Reject": "trainer", "Buffer/Stats": "trainer", "WeightSync/Publish": "trainer",
+           "Buffer/Reject": "trainer", "Buffer/Stats": "trainer", "Buffer/TrainerResume": "trainer",
+           "WeightSync/Publish": "trainer",
            "WeightSync/Subscribe": "rollout", "WeightSync/Ack": "rollout", "WeightSync/Verify": "trainer",
            "WeightSync/Register": "rollout", "WeightSync/Peers": "trainer"}
 COUNTS: dict[str, Counter[str]] = {}

@@ -31,7 +31,7 @@ from rlfleet.runtime.metrics import BufferMetrics
 from rlfleet.sample import SequenceTooLong, sample_key
 from rlfleet.sample.batch_check import first_invalid
 from rlfleet.sample.limits import SampleLimits
-from rlfleet.services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted
+from rlfleet.services.buffer.errors import BufferFull, CheckpointBehind, InvalidRequest, InvalidSample, StepCommitted
 from rlfleet.services.buffer.filters import GroupFilter
 from rlfleet.services.buffer.gate import Gate
 from rlfleet.services.buffer.lineage_check import LineageCheck
@@ -55,6 +55,7 @@ from rlfleet.services.buffer.results import (
     ClaimResult,
     PutResult,
     RejectResult,
+    ResumeResult,
     outcomes,
 )
 from rlfleet.services.buffer.settings import BufferSettings
@@ -71,6 +72,10 @@ def group_id(prompt_index: int) -> str:
 
 STALENESS = "staleness"   # Claim reason prefix: the replica must load newer weights first
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _checkpoint_name(step: int) -> str:
+    return "no checkpoint (step 0)" if step < 0 else f"the checkpoint of step {step}"
 
 
 def durable_reply(fn: F) -> F:
@@ -423,12 +428,13 @@ class BufferCore:
             self._commit([mut])
             return mut.samples
 
-    def _ack_steps(self, committed_step: int) -> AckSteps | None:
+    def _ack_steps(self, committed_step: int, past_delivered: bool = False) -> AckSteps | None:
         """The mutation acknowledging every batch up to committed_step (None: nothing left to acknowledge).
-        InvalidRequest past the last delivered step. Called with the lock held."""
+        InvalidRequest past the last delivered step, unless past_delivered (a resumed trainer's checkpoint, whose
+        deliveries a buffer that lost records no longer holds). Called with the lock held."""
         st = self.state
         delivered = max(st.batches, default=st.committed_step)
-        if committed_step > max(delivered, st.committed_step):
+        if committed_step > max(delivered, st.committed_step) and not past_delivered:
             raise InvalidRequest(f"committed_step {committed_step} is past the last delivered step {delivered}")
         steps = sorted(s for s in st.batches if s <= committed_step)
         if not steps and committed_step <= st.committed_step:
@@ -477,6 +483,33 @@ class BufferCore:
 
     # ---- samples a checkpoint already committed -------------------------------------------------------------------
     @durable_reply
+    def trainer_resume(self, checkpoint_step: int, trained: Mapping[str, int], allow_older: bool) -> ResumeResult:
+        """A trainer starts from the checkpoint at checkpoint_step (-1: none), before its first GetBatch; trained:
+        sample id -> the step of the checkpoint that committed it. CheckpointBehind (nothing changed) when the
+        checkpoint is older than the committed step, unless allow_older: the samples acknowledged for the steps
+        after it left the buffer. Else, in one commit: drop (reason `trained`) every ready or open group holding a
+        sample a checkpoint after the committed step and through checkpoint_step committed (the trainer sealed it
+        and stopped before this buffer recorded its Ack, or this buffer lost records), and acknowledge every step
+        through checkpoint_step. A retried call changes nothing more."""
+        with self._cond:
+            self._ensure_loaded()
+            committed = self.state.committed_step
+            if checkpoint_step < committed and not allow_older:
+                raise CheckpointBehind(
+                    f"the trainer resumes from {_checkpoint_name(checkpoint_step)} but the buffer has acknowledged "
+                    f"every step through {committed}: the samples of steps {checkpoint_step + 1}..{committed} left "
+                    f"the buffer and are in no checkpoint it can load. Resume from the checkpoint of step "
+                    f"{committed} or later (is it missing, or does it fail its seal?), or set "
+                    f"run.allow_older_checkpoint=true to go on from step {committed + 1} without them")
+            drops, dropped = self._trained_mutations(
+                {key: step for key, step in trained.items() if committed < step <= checkpoint_step})
+            ack = self._ack_steps(checkpoint_step, past_delivered=True) if checkpoint_step > committed else None
+            muts: list[Mutation] = [*drops, *([ack] if ack is not None else [])]
+            if muts:
+                self._commit(muts)
+            return ResumeResult(committed, dropped, ack.samples if ack is not None else 0)
+
+    @durable_reply
     def drop_trained(self, committed: Mapping[str, int]) -> int:
         """Drop (reason `trained`) every ready or open group holding a sample a trainer checkpoint committed
         (sample id `gid/index` -> checkpoint step): a store that lost recent records (power loss under a weaker
@@ -485,27 +518,35 @@ class BufferCore:
             return 0
         with self._cond:
             self._ensure_loaded()
-            st, until = self.state, self.clock() + self.settings.lease_seconds
-
-            def trained(g: Group) -> bool:
-                return any(sample_key(g.gid, i) in committed for i in g.samples)
-
-            ready = [g for g in st.ready.values() if trained(g)]
-            open_ = sorted((g for g in st.open.values() if trained(g)), key=lambda g: g.prompt_index)
-            muts: list[Mutation] = []
-            if ready:
-                seqs = tuple(e.seq for g in ready for e in g.entries())
-                muts.append(Stale(tuple(g.gid for g in ready), tuple(g.ready_seq for g in ready), seqs, len(seqs),
-                                  "trained"))
-            muts.extend(Cancel(g.gid, until, tuple(sorted(g.samples)), tuple(e.seq for e in g.samples.values()),
-                               "trained") for g in open_)
-            if not muts:
-                return 0
-            self._commit(muts)
-            n = sum(len(g.kept) for g in ready) + sum(len(g.samples) for g in open_)
-            log.warning("dropped %d samples of %d groups a checkpoint already committed (reason: trained): %s", n,
-                        len(ready) + len(open_), ", ".join(g.gid for g in [*ready, *open_][:8]))
+            muts, n = self._trained_mutations(committed)
+            if muts:
+                self._commit(muts)
             return n
+
+    def _trained_mutations(self, committed: Mapping[str, int]) -> tuple[list[Mutation], int]:
+        """The mutations dropping (reason `trained`) every ready or open group holding a sample of committed, and
+        the samples they drop. Called with the lock held."""
+        if not committed:
+            return [], 0
+        st, until = self.state, self.clock() + self.settings.lease_seconds
+
+        def trained(g: Group) -> bool:
+            return any(sample_key(g.gid, i) in committed for i in g.samples)
+
+        ready = [g for g in st.ready.values() if trained(g)]
+        open_ = sorted((g for g in st.open.values() if trained(g)), key=lambda g: g.prompt_index)
+        muts: list[Mutation] = []
+        if ready:
+            seqs = tuple(e.seq for g in ready for e in g.entries())
+            muts.append(Stale(tuple(g.gid for g in ready), tuple(g.ready_seq for g in ready), seqs, len(seqs),
+                              "trained"))
+        muts.extend(Cancel(g.gid, until, tuple(sorted(g.samples)), tuple(e.seq for e in g.samples.values()),
+                           "trained") for g in open_)
+        n = sum(len(g.kept) for g in ready) + sum(len(g.samples) for g in open_)
+        if n:
+            log.warning("dropping %d samples of %d groups a checkpoint already committed (reason: trained): %s",
+                        n, len(ready) + len(open_), ", ".join(g.gid for g in [*ready, *open_][:8]))
+        return muts, n
 
     # ---- Stats ---------------------------------------------------------------------------------------------------
     @property
@@ -524,7 +565,7 @@ class BufferCore:
                 dropped=st.dropped, capacity=self.settings.capacity, put_samples=st.put_samples,
                 policy_version=st.policy_version, next_prompt_index=st.next_prompt_index, finished=self.finished,
                 cancelled_groups=st.cancelled_groups, quarantined_groups=len(st.quarantined),
-                quarantine_reasons=st.quarantine_reasons())
+                quarantine_reasons=st.quarantine_reasons(), committed_step=st.committed_step)
 
     # ---- commit, reload, metrics ---------------------------------------------------------------------------------
     def _commit(self, muts: list[Mutation]) -> None:

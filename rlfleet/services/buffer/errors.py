@@ -23,6 +23,10 @@ class StepCommitted(BufferRefusal):
     """GetBatch for a step that is already acknowledged (FAILED_PRECONDITION)."""
 
 
+class CheckpointBehind(BufferRefusal):
+    """A trainer resuming from a checkpoint older than the buffer's committed step (FAILED_PRECONDITION)."""
+
+
 class InvalidRequest(BufferRefusal):
     """A request naming a step or version out of bounds: past the delivered steps, ahead of published versions
     (INVALID_ARGUMENT)."""

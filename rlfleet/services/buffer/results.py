@@ -32,6 +32,13 @@ def outcomes(samples: Sequence[sample_pb2.Sample], accepted: set[int], cancelled
 
 
 @dataclass(frozen=True)
+class ResumeResult:
+    committed_step: int          # the buffer's, before the call
+    dropped_samples: int         # dropped as trained (a checkpoint committed them)
+    acked_samples: int
+
+
+@dataclass(frozen=True)
 class RejectResult:
     quarantined_groups: int
     quarantined_samples: int

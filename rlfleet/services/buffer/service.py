@@ -19,6 +19,7 @@ from rlfleet.services.buffer.core import BufferCore
 from rlfleet.services.buffer.errors import (
     BufferFull,
     BufferRefusal,
+    CheckpointBehind,
     InvalidRequest,
     InvalidSample,
     StepCommitted,
@@ -37,6 +38,7 @@ _CODES: dict[type[Exception], grpc.StatusCode] = {
     UnknownGroup: grpc.StatusCode.FAILED_PRECONDITION,
     BufferFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     StepCommitted: grpc.StatusCode.FAILED_PRECONDITION,
+    CheckpointBehind: grpc.StatusCode.FAILED_PRECONDITION,
     StoreError: grpc.StatusCode.UNAVAILABLE,
 }
 
@@ -98,6 +100,14 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
     def Stats(self, request: buffer_pb2.StatsRequest, context: grpc.ServicerContext) -> Any:
         return self._call(context, self.core.stats)
 
+    def TrainerResume(self, request: buffer_pb2.TrainerResumeRequest,
+                      context: grpc.ServicerContext) -> buffer_pb2.TrainerResumeReply:
+        trained = {sample_id: t.step for t in request.trained for sample_id in t.sample_ids}
+        res = self._call(context, lambda: self.core.trainer_resume(request.checkpoint_step, trained,
+                                                                   request.allow_older_checkpoint))
+        return buffer_pb2.TrainerResumeReply(committed_step=res.committed_step, dropped_samples=res.dropped_samples,
+                                             acked_samples=res.acked_samples)
+
 
 def _identity(data: bytes) -> bytes:
     return data
@@ -113,6 +123,7 @@ def add_to_server(servicer: BufferService, server: grpc.Server) -> None:
         "Ack": (servicer.Ack, pb.AckRequest, pb.AckReply.SerializeToString),
         "Reject": (servicer.Reject, pb.RejectRequest, pb.RejectReply.SerializeToString),
         "Stats": (servicer.Stats, pb.StatsRequest, pb.BufferStats.SerializeToString),
+        "TrainerResume": (servicer.TrainerResume, pb.TrainerResumeRequest, pb.TrainerResumeReply.SerializeToString),
     }
     handlers = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req.FromString,
                                                           response_serializer=ser)

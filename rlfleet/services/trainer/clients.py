@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -93,6 +93,21 @@ class BufferClient:
         reply = call("Buffer.Ack", self.address, self._stub.Ack,
                      buffer_pb2.AckRequest(committed_step=committed_step, consumer=self.consumer), DEFAULT_DEADLINE)
         return reply.acked_samples
+
+    def stats(self) -> buffer_pb2.BufferStats:
+        return call("Buffer.Stats", self.address, self._stub.Stats, buffer_pb2.StatsRequest(), DEFAULT_DEADLINE)
+
+    def trainer_resume(self, checkpoint_step: int, trained: Mapping[str, int],
+                       allow_older: bool) -> buffer_pb2.TrainerResumeReply:
+        """Buffer.TrainerResume: trained is sample id -> the step of the checkpoint that committed it. A refusal
+        (a checkpoint older than the buffer's committed step) is a PeerError with the buffer's reason."""
+        by_step: dict[int, list[str]] = {}
+        for sample_id, step in trained.items():
+            by_step.setdefault(step, []).append(sample_id)
+        req = buffer_pb2.TrainerResumeRequest(
+            checkpoint_step=checkpoint_step, allow_older_checkpoint=allow_older, consumer=self.consumer,
+            trained=[buffer_pb2.TrainedSamples(step=s, sample_ids=ids) for s, ids in sorted(by_step.items())])
+        return call("Buffer.TrainerResume", self.address, self._stub.TrainerResume, req, DEFAULT_DEADLINE)
 
     def reject(self, step: int, groups: dict[str, str]) -> buffer_pb2.RejectReply:
         """Quarantine these groups of the batch for `step` (group id -> why); the batch's others are ready again.

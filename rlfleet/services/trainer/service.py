@@ -32,7 +32,7 @@ from rlfleet.services.trainer.batch import rank_groups
 from rlfleet.services.trainer.batch_check import BatchLimits, BatchUnusable, check_batch
 from rlfleet.services.trainer.batch_stats import batch_stats
 from rlfleet.services.trainer.checkpoint_seal import latest_sealed, seal
-from rlfleet.services.trainer.clients import BufferClient, WeightSyncClient
+from rlfleet.services.trainer.clients import BufferClient, PeerError, WeightSyncClient
 from rlfleet.services.trainer.collectives import all_reduce_sum, broadcast_bytes
 from rlfleet.services.trainer.dashboards import MetricsLog
 from rlfleet.services.trainer.distributed_exit import collective_threads, leave_distributed
@@ -41,6 +41,7 @@ from rlfleet.services.trainer.hf_export import export_checkpoint, write_final
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.leader_wait import heartbeat_seconds, leader_work
 from rlfleet.services.trainer.publisher import WeightPublisher, follow_publish
+from rlfleet.services.trainer.resume_report import report_resume
 from rlfleet.services.trainer.servicer import TrainerServicer, TrainerState
 from rlfleet.services.trainer.step import StepContext
 from rlfleet.services.weight_sync.transports.sharded import ShardedState
@@ -176,6 +177,31 @@ class Trainer:
         lineage.save(path, chain)
         self.leader.buffer.lineage = chain
         log.info("trainer epoch %d from version %d; lineage of %d epoch(s)", chain[-1].epoch, self.version, len(chain))
+
+    def _report_start(self, start: int) -> int:
+        """Collective. Rank 0 reports the start to the buffer (rlfleet.services.trainer.resume_report: it drops what
+        the checkpoints it missed committed and acknowledges the checkpoint's steps, or refuses a checkpoint older
+        than its committed step); every rank gets the first step to train, or the refusal, before any GetBatch."""
+        if self.leader:
+            try:
+                first = report_resume(self.leader.buffer, self.run_dir, self.committed,
+                                      self.cfg.run.allow_older_checkpoint)
+                verdict: dict[str, int | str] = {"start": first}
+            except PeerError as exc:
+                verdict = {"refused": str(exc)}
+            data = broadcast_bytes(json.dumps(verdict).encode(), self.device)
+        else:
+            data = broadcast_bytes(None, self.device)
+        got = json.loads(data)
+        if "refused" in got:
+            raise RuntimeError(f"the buffer refused this trainer's start: {got['refused']}")
+        if got["start"] > start:        # run.allow_older_checkpoint: on after the buffer's committed step
+            log.warning("starting at step %d, after the buffer's committed step (the checkpoint was of step %d)",
+                        got["start"], self.committed)
+            self.committed = got["start"] - 1
+            if self.leader:
+                self.leader.state.update(step=got["start"])
+        return int(got["start"])
 
     # -- pieces of a step -----------------------------------------------------------------------------------------
 
@@ -327,8 +353,7 @@ class Trainer:
         start = self._resume(backend)
         if self.leader:
             self._take_lineage(resumed=start > 0)
-        if self.leader and self.committed >= 0:
-            self.leader.buffer.ack(self.committed)
+        start = self._report_start(start)
         self._publish(backend, self.version, max(self.committed, 0))
         eval_metrics = self._evaluate(start) if start < t.steps else {}
         last: dict[str, float] = {}
