@@ -95,10 +95,22 @@ class FakeBuffer(buffer_pb2_grpc.BufferServicer):
     def __init__(self, run_dir: Path, events: list[tuple], fail_at_step: int | None = None) -> None:
         self.run_dir, self.events, self.fail_at_step = run_dir, events, fail_at_step
         self.asked: set[int] = set()
+        self.committed = -1
 
     def _acked(self, step: int, via: str) -> None:
         ckpts = sorted(p.name for p in (self.run_dir / "checkpoints").glob("step_*"))
         self.events.append(("ack", step, ckpts, via))
+        self.committed = max(self.committed, step)
+
+    def Stats(self, request: buffer_pb2.StatsRequest, context: grpc.ServicerContext) -> buffer_pb2.BufferStats:
+        return buffer_pb2.BufferStats(committed_step=self.committed)
+
+    def TrainerResume(self, request: buffer_pb2.TrainerResumeRequest,
+                      context: grpc.ServicerContext) -> buffer_pb2.TrainerResumeReply:
+        committed = self.committed
+        if request.checkpoint_step > committed:       # a start from a checkpoint acks its steps
+            self._acked(request.checkpoint_step, "TrainerResume")
+        return buffer_pb2.TrainerResumeReply(committed_step=committed)
 
     def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.ServicerContext) -> buffer_pb2.Batch:
         if request.HasField("ack_through_step"):      # the Ack folded into GetBatch
@@ -288,7 +300,7 @@ def test_trainer_process_trains_publishes_checkpoints_acks_and_resumes(tmp_path:
     assert first[:4] == [("ack", 2), ("publish", 3), ("get", 3), ("publish", 4)]
     resumed = peers2.of("publish")[0]
     assert resumed[3].digest == publishes[-1][3].digest          # exactly the weights the first run ended with
-    assert [(a[1], a[2][-1], a[3]) for a in peers2.of("ack")] == [(2, "step_00000002", "Ack"),
+    assert [(a[1], a[2][-1], a[3]) for a in peers2.of("ack")] == [(2, "step_00000002", "TrainerResume"),
                                                                    (3, "step_00000003", "GetBatch")]
 
     # lineage: the first incarnation from version 0; the resumed one joins it at the version it resumed (3), and
