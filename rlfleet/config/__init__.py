@@ -54,6 +54,9 @@ from rlfleet.config.perf import (
     RolloutPerf,
     TrainerPerf,
 )
+from rlfleet.config.profile import (
+    ProfileConfig,
+)
 from rlfleet.config.rollout import (
     DataConfig,
     EngineHealthConfig,
@@ -136,6 +139,7 @@ __all__ = [
     "PerfConfig",
     "PlacementConfig",
     "PolicyLossConfig",
+    "ProfileConfig",
     "RolloutConfig",
     "RolloutPerf",
     "RunConfig",
