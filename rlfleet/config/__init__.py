@@ -47,6 +47,9 @@ from rlfleet.config.loading import (
     load_config,
     parse_config,
 )
+from rlfleet.config.model_specs import (
+    ModuleSpecConfig,
+)
 from rlfleet.config.perf import (
     CpuPerf,
     EnginePerf,
@@ -134,6 +137,7 @@ __all__ = [
     "MOVED_FIELDS",
     "MegatronConfig",
     "ModelConfig",
+    "ModuleSpecConfig",
     "OpenAIEndpointConfig",
     "PackingConfig",
     "PerfConfig",

@@ -37,6 +37,7 @@ from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from rlfleet.cpu_kernels import batch_invariant, load_kwargs
+from rlfleet.model_specs import ModuleSpec, apply_specs
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.runtime.torch_profile import VersionProfiler
 from rlfleet.services.rollout.engines import kv_cache, lean_llama
@@ -112,7 +113,8 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
     def __init__(self, model_path: str | Path, max_batch_size: int = 64, device: str = "cpu",
                  dtype: str | None = None, seed: int = 0, eos_token_ids: Iterable[int] | None = None,
                  weight_version: int = 0, on_policy: bool = False, fast_decode: bool = True,
-                 compile: bool = False, onednn: bool = True, native_attention: bool = True) -> None:
+                 compile: bool = False, onednn: bool = True, native_attention: bool = True,
+                 model_specs: Sequence[ModuleSpec] = ()) -> None:
         """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config.
         on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
         rlfleet.cpu_kernels.invariant_ops, so the logprobs equal the trainer's recomputation bitwise (no fast or
@@ -120,7 +122,10 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
         overhead), other models through the HF modules (hf_decoder.HFDecoder); compile: torch.compile the lean
         layer step (off by default; an uncompiled engine never compiles); onednn: that step's linears through oneDNN
         on a CPU (lean_llama/llama_ops.py), else torch's ops; native_attention: that step's attention through a C
-        kernel on a CPU with AVX-512 (lean_llama/native_attention.py)."""
+        kernel on a CPU with AVX-512 (lean_llama/native_attention.py). model_specs: model.specs, applied to the
+        loaded model by the trainer's code (rlfleet/model_specs/); the lean path is then not taken (it computes
+        from the HF modules' weights, not through the modules), the HF modules' forward runs the replacements."""
+        self.model_specs = tuple(model_specs)
         self.on_policy = on_policy
         self.model: torch.nn.Module
         self.vocab_size: int
@@ -160,6 +165,10 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
                 **load_kwargs(self.on_policy)).to(self.device)
         except (OSError, ValueError) as exc:
             raise EngineError(f"cannot load a causal LM from {model_path}: {exc}") from exc
+        if apply_specs(self.model, self.model_specs) and fast_decode:
+            log.info("model.specs replace modules: the torch engine decodes through the HF modules' forward, not the "
+                     "lean Llama path")
+            fast_decode = False
         self.model.eval()
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
