@@ -201,6 +201,26 @@ class NeedsOldLogprobs(Protocol):
     needs_old_logprobs: bool
 
 
+class ModuleReplacement(Protocol):
+    """model.specs: a torch.nn.Module class that replaces the module at a dotted path of the policy model (a custom
+    attention, an MLP, a router), in the trainer and the torch engine alike (rlfleet/model_specs/).
+
+    `from_module` builds the replacement from the module it replaces (`path` is its dotted name in the model), taking
+    over its parameters and buffers: the replacement's state dict must hold the same names and shapes as the
+    original's, because checkpoints, weight publishing and the engine's weight loads go by name. Its forward is called
+    the way the original's is (same arguments, same outputs)."""
+
+    @classmethod
+    def from_module(cls, original: torch.nn.Module, path: str) -> torch.nn.Module: ...
+
+
+class RouterScoreFn(Protocol):
+    """model.router_scores: how an MoE router class turns its logits into the top-k weights of given experts, for R3
+    routing replay (rlfleet/services/trainer/routing_replay.py). logits: [N, E]; ids: [N, K] -> weights [N, K]."""
+
+    def __call__(self, router: torch.nn.Module, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor: ...
+
+
 class ModelPrepareFn(Protocol):
     """model.prepare: build the Hugging Face model folder model_dir (config.json, safetensors) at start-up."""
 

@@ -47,12 +47,18 @@ from rlfleet.config.loading import (
     load_config,
     parse_config,
 )
+from rlfleet.config.model_specs import (
+    ModuleSpecConfig,
+)
 from rlfleet.config.perf import (
     CpuPerf,
     EnginePerf,
     PerfConfig,
     RolloutPerf,
     TrainerPerf,
+)
+from rlfleet.config.profile import (
+    ProfileConfig,
 )
 from rlfleet.config.rollout import (
     DataConfig,
@@ -131,11 +137,13 @@ __all__ = [
     "MOVED_FIELDS",
     "MegatronConfig",
     "ModelConfig",
+    "ModuleSpecConfig",
     "OpenAIEndpointConfig",
     "PackingConfig",
     "PerfConfig",
     "PlacementConfig",
     "PolicyLossConfig",
+    "ProfileConfig",
     "RolloutConfig",
     "RolloutPerf",
     "RunConfig",

@@ -20,8 +20,8 @@ _BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"), (a
 
 
 def section_model(annotation: Any) -> type[BaseModel] | None:
-    """The section model a field holds (`X` or `X | None`), else None."""
-    candidates = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    """The section model a field holds (`X`, `X | None` or a list of X), else None."""
+    candidates = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType, list) else (annotation,)
     for tp in candidates:
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             return tp

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from rlfleet.config.model_specs import ModuleSpecConfig
 from rlfleet.config.rollout import DataConfig
 from rlfleet.config.section import Section
 
@@ -31,6 +32,11 @@ class ModelConfig(Section):
                                 "folder when it is missing.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Dtype the weights are "
                                                               "published, served and exported in.")
+    specs: list[ModuleSpecConfig] = Field([], description="Modules replaced by dotted path, in order, in the trainer "
+                                          "and the torch engine alike (rlfleet/model_specs/).")
+    router_scores: dict[str, str] = Field({}, description="R3 routing replay: router class name -> dotted path to "
+                                          "fn(router, logits, ids) -> top-k weights (rlfleet.protocols.RouterScoreFn), "
+                                          "added to the built-in ones.")
 
 
 class EvalConfig(Section):

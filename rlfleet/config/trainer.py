@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from rlfleet.config.profile import ProfileConfig
 from rlfleet.config.section import Section
 
 
@@ -205,3 +206,5 @@ class TrainerConfig(Section):
     on_policy: bool = Field(False, description="True on-policy: engine and trainer compute log-probs with the same "
                             "batch-invariant CPU kernels (rlfleet/cpu_kernels/invariant_ops.py), so logprob_abs_diff "
                             "is exactly 0; torch engine + fsdp on CPU, fp32 only.")
+    profile: ProfileConfig = Field(ProfileConfig(), description="Torch profiler traces of chosen steps and of the "
+                                   "replicas' decode under the same weight versions (docs/profiling.md).")

@@ -63,3 +63,31 @@ def check_trainer(cfg: Config) -> None:
         check_megatron(t)
     if needs_teacher(t) and not t.teacher.model_path:
         raise ConfigError(f"trainer.algorithm {t.algorithm} needs trainer.teacher.model_path")
+    check_profile(cfg)
+    check_model_specs_place(cfg)
+
+
+def check_model_specs_place(cfg: Config) -> None:
+    """model.specs replace torch modules: the FSDP trainer and the torch engine apply them; a backend or engine running
+    its own model code would silently run without them, so the combination is refused."""
+    if not cfg.model.specs:
+        return
+    if cfg.trainer.backend != "fsdp":
+        raise ConfigError(f"model.specs are applied by the fsdp trainer backend; trainer.backend is "
+                          f"{cfg.trainer.backend}")
+    if cfg.rollout.engine != "torch":
+        raise ConfigError(f"model.specs are applied by the torch engine; rollout.engine is {cfg.rollout.engine}, "
+                          f"which runs its own model code (its logprobs would not be the trainer's model's)")
+
+
+def check_profile(cfg: Config) -> None:
+    """trainer.profile: steps the run has, and a rollout trace only from an engine that can take one."""
+    p, steps = cfg.trainer.profile, cfg.trainer.steps
+    beyond = [s for s in p.steps if s >= steps]
+    if beyond:
+        raise ConfigError(f"trainer.profile.steps {beyond} are beyond the run: steps count from 0 and "
+                          f"trainer.steps={steps}")
+    if p.steps and p.rollout and cfg.rollout.engine != "torch":
+        raise ConfigError(f"trainer.profile.rollout traces the torch engine's decode; rollout.engine is "
+                          f"{cfg.rollout.engine} (set trainer.profile.rollout: false, or use the engine's own "
+                          f"profiler)")

@@ -132,3 +132,9 @@ def check_plugins(cfg: Config) -> None:
     if cfg.trainer.loss and ":" in cfg.trainer.loss:
         load_callable(cfg.trainer.loss, "trainer.loss", LossFn)
     load_hooks(list(cfg.trainer.hooks))
+    if cfg.model.specs or cfg.model.router_scores:
+        from rlfleet.model_specs import check_model_specs
+
+        # targets are checked on the model's architecture when its folder is there (model.prepare may build it)
+        folder = cfg.model_path if cfg.model_path.is_dir() else None
+        check_model_specs(list(cfg.model.specs), dict(cfg.model.router_scores), folder)

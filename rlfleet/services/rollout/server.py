@@ -31,6 +31,7 @@ from rlfleet.sample import Sample
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import weight_verifier
 from rlfleet.services.rollout.context import ServiceContext
+from rlfleet.services.rollout.decode_profile import attach_decode_profile
 from rlfleet.services.rollout.engine_watch import ENGINE_UNHEALTHY_EXIT, EngineWatch, WatchSettings
 from rlfleet.services.rollout.engines import make_engine
 from rlfleet.services.rollout.engines.base import Engine
@@ -120,7 +121,9 @@ class RolloutReplica:
 
         _wait_for_model(cfg.model_path)
         tokenizer = AutoTokenizer.from_pretrained(str(cfg.model_path))
-        self.engine = engine = with_partial_rollouts(make_engine(cfg), cfg.rollout.partial_rollouts)
+        engine = make_engine(cfg)
+        attach_decode_profile(engine, cfg, replica_id)            # trainer.profile: traces of chosen versions
+        self.engine = engine = with_partial_rollouts(engine, cfg.rollout.partial_rollouts)
         _wait_for_peers(cfg, args.token, engine)
         self.stop = stop = threading.Event()
         registry = CollectorRegistry()

@@ -8,11 +8,12 @@ score given tokens) and an extra network hop per step; in-trainer scoring is exa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
+from rlfleet.model_specs import ModuleSpec, apply_specs
 from rlfleet.protocols import TrainBatch
 
 ForwardFn = Callable[[torch.nn.Module, TrainBatch, float], torch.Tensor]
@@ -22,10 +23,13 @@ Shard = Callable[[torch.nn.Module], None]
 class FrozenScorer:
     """A frozen causal LM: response-token logprobs [S, T] of a batch, without gradients."""
 
-    def __init__(self, path: str | Path, device: torch.device, shard: Shard, forward: ForwardFn) -> None:
+    def __init__(self, path: str | Path, device: torch.device, shard: Shard, forward: ForwardFn,
+                 specs: Sequence[ModuleSpec] = ()) -> None:
+        """specs: the policy's model.specs, for the reference model (the policy's own architecture)."""
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
+        apply_specs(model, specs)
         for p in model.parameters():
             p.requires_grad_(False)
         model.eval()

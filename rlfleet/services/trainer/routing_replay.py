@@ -12,7 +12,8 @@ Mechanism (the model-spec contract of DESIGN.md §2, for routers): a forward hoo
 replaces the returned weights and indices while a batch's routes are active. No library code is patched, the
 state dict is unchanged (weight publishing and checkpoints see the same names), and FSDP wraps the layers as before.
 How a router turns logits into top-k weights differs by architecture: ROUTER_SPECS maps router class names to a
-ScoreFn; pass `specs=` to support another architecture without touching this file.
+ScoreFn; the config's model.router_scores adds others (`router_specs`), and a model spec (model.specs) may replace
+a router module with one of the user's own classes, named there.
 
 Which positions are replayed. The Sample carries T routes per response (rlfleet.sample.RoutedExperts), the routes of
 the forward step that produced each response token: positions P-1 .. P+T-2 of the prompt+response row, i.e. exactly
@@ -66,6 +67,14 @@ ROUTER_SPECS: dict[str, ScoreFn] = {
     "OlmoeTopKRouter": softmax_then_topk,
     "GptOssTopKRouter": topk_then_softmax,
 }
+
+
+def router_specs(router_scores: Mapping[str, str]) -> dict[str, ScoreFn]:
+    """ROUTER_SPECS plus model.router_scores (router class name -> dotted path of a ScoreFn, checked against
+    rlfleet.protocols.RouterScoreFn): how the config reaches R3's router specs."""
+    from rlfleet.model_specs import load_router_scores
+
+    return {**ROUTER_SPECS, **load_router_scores(router_scores)}
 
 
 def routes_tensor(samples: Sequence[Sample], seq_len: int) -> torch.Tensor | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry
+from torch.profiler import record_function
 
 from rlfleet.config import Config, ConfigError, check_trainer
 from rlfleet.plugins import load_hooks
@@ -21,6 +22,7 @@ from rlfleet.run_dir.atomic import write_bytes_atomic, write_text_atomic
 from rlfleet.runtime.metrics import TrainerMetrics, serve_metrics
 from rlfleet.runtime.rpc import Server, wait_healthy
 from rlfleet.runtime.service_main import listen_address
+from rlfleet.runtime.torch_profile import StepProfiler
 from rlfleet.sample.limits import model_limits
 from rlfleet.security.identity import Credential
 from rlfleet.security.signing import Signer, weight_verifier
@@ -348,6 +350,7 @@ class Trainer:
     def _train(self) -> dict[str, Any]:
         t = self.cfg.trainer
         backend = make_backend(self.cfg, self.rank, self.world_size, self.device, self.hooks)
+        profiler = StepProfiler(t.profile, self.run_dir, self.rank, self.device)
         data_rank, data_world = backend.data_rank, backend.data_world
         self.ctx = replace(self.ctx, pad_id=backend.pad_id)
         start = self._resume(backend)
@@ -361,13 +364,17 @@ class Trainer:
             t0 = time.monotonic()
             batch = self._fetch_batch(step)
             t1 = time.monotonic()
-            last = backend.train_step(rank_groups(batch, data_rank, data_world, t.minibatches), step, self.ctx)
-            t2 = time.monotonic()
             final = step == t.steps - 1
-            if (step + 1) % t.publish_every == 0:
-                self._publish(backend, (step + 1) // t.publish_every, step)
-            elif final:                                  # the last weights always reach the replicas
-                self._publish(backend, self.version + 1, step)
+            with profiler.step(step):                    # trainer.profile: a trace of the listed steps
+                with record_function("rlfleet.train_step"):
+                    last = backend.train_step(rank_groups(batch, data_rank, data_world, t.minibatches), step,
+                                              self.ctx)
+                t2 = time.monotonic()
+                with record_function("rlfleet.publish"):
+                    if (step + 1) % t.publish_every == 0:
+                        self._publish(backend, (step + 1) // t.publish_every, step)
+                    elif final:                          # the last weights always reach the replicas
+                        self._publish(backend, self.version + 1, step)
             t3 = time.monotonic()
             requested = self.leader is not None and self.leader.state.checkpoint_requested()
             requested = all_reduce_sum([float(requested)], self.device)[0] > 0

@@ -21,6 +21,8 @@ from rlfleet.protocols import Generation, SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from rlfleet.runtime.torch_profile import VersionProfiler
+
 T = TypeVar("T")
 
 
@@ -73,6 +75,14 @@ class TensorThread(Protocol):
 def on_engine_thread(engine: object, fn: Callable[[], T]) -> T:
     """fn() on the engine's tensor thread when it has one (TensorThread), else here."""
     return engine.call(fn) if isinstance(engine, TensorThread) else fn()
+
+
+@runtime_checkable
+class ProfilesDecode(Protocol):
+    """An engine that traces its own steps with torch.profiler (trainer.profile; the torch engine): the profiler's
+    before_step/close are called on the engine's thread (rlfleet/runtime/torch_profile.py VersionProfiler)."""
+
+    def profile_decode(self, profiler: VersionProfiler) -> None: ...
 
 
 @runtime_checkable

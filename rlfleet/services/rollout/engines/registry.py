@@ -23,12 +23,14 @@ class EngineSpec:
 
 
 def _torch(cfg: Config) -> Engine:
+    from rlfleet.model_specs import load_specs
     from rlfleet.services.rollout.engines.torch_engine import TorchEngine
 
     return TorchEngine(cfg.model_path, max_batch_size=cfg.rollout.max_batch_size, device=cfg.rollout.device,
                        dtype=cfg.model.dtype, seed=cfg.run.seed, on_policy=cfg.trainer.on_policy,
                        fast_decode=cfg.perf.engine_fast_decode, compile=cfg.perf.engine_compile,
-                       onednn=cfg.perf.onednn_linear, native_attention=cfg.perf.native_attention)
+                       onednn=cfg.perf.onednn_linear, native_attention=cfg.perf.native_attention,
+                       model_specs=load_specs(cfg.model.specs))
 
 
 def _sglang(cfg: Config) -> Engine:

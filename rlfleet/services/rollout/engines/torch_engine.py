@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,7 +37,9 @@ from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from rlfleet.cpu_kernels import batch_invariant, load_kwargs
+from rlfleet.model_specs import ModuleSpec, apply_specs
 from rlfleet.protocols import Generation, SamplingParams
+from rlfleet.runtime.torch_profile import VersionProfiler
 from rlfleet.services.rollout.engines import kv_cache, lean_llama
 from rlfleet.services.rollout.engines.base import (
     Abortable,
@@ -45,6 +47,7 @@ from rlfleet.services.rollout.engines.base import (
     EngineStats,
     HoldsAdmission,
     Pausable,
+    ProfilesDecode,
     Retractable,
     Streaming,
     TensorThread,
@@ -90,6 +93,10 @@ def _eos_ids(model: torch.nn.Module) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _no_label(name: str) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
 def _decoder_for(model: torch.nn.Module, device: torch.device, lean: bool, compile: bool, onednn: bool,
                  native_attention: bool) -> Decoder:
     """The lean Llama-family decoder where asked for (lean: fast_decode and not on-policy), the model has no MoE
@@ -100,13 +107,14 @@ def _decoder_for(model: torch.nn.Module, device: torch.device, lean: bool, compi
     return HFDecoder(model, device, routes)
 
 
-class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, HoldsAdmission):
+class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, HoldsAdmission, ProfilesDecode):
     name = "torch"
 
     def __init__(self, model_path: str | Path, max_batch_size: int = 64, device: str = "cpu",
                  dtype: str | None = None, seed: int = 0, eos_token_ids: Iterable[int] | None = None,
                  weight_version: int = 0, on_policy: bool = False, fast_decode: bool = True,
-                 compile: bool = False, onednn: bool = True, native_attention: bool = True) -> None:
+                 compile: bool = False, onednn: bool = True, native_attention: bool = True,
+                 model_specs: Sequence[ModuleSpec] = ()) -> None:
         """dtype None: the dtype in the folder's config. eos_token_ids None: from the model's generation config.
         on_policy: true on-policy mode (trainer.on_policy): eager attention and every step inside
         rlfleet.cpu_kernels.invariant_ops, so the logprobs equal the trainer's recomputation bitwise (no fast or
@@ -114,7 +122,10 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
         overhead), other models through the HF modules (hf_decoder.HFDecoder); compile: torch.compile the lean
         layer step (off by default; an uncompiled engine never compiles); onednn: that step's linears through oneDNN
         on a CPU (lean_llama/llama_ops.py), else torch's ops; native_attention: that step's attention through a C
-        kernel on a CPU with AVX-512 (lean_llama/native_attention.py)."""
+        kernel on a CPU with AVX-512 (lean_llama/native_attention.py). model_specs: model.specs, applied to the
+        loaded model by the trainer's code (rlfleet/model_specs/); the lean path is then not taken (it computes
+        from the HF modules' weights, not through the modules), the HF modules' forward runs the replacements."""
+        self.model_specs = tuple(model_specs)
         self.on_policy = on_policy
         self.model: torch.nn.Module
         self.vocab_size: int
@@ -138,6 +149,7 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
         self._stopped = False
         self._generated = 0
         self._finished = 0
+        self._profiler: VersionProfiler | None = None      # trainer.profile: traces steps of chosen versions
         loaded: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True,
                                         args=(loaded, str(model_path), dtype, eos_token_ids,
@@ -153,6 +165,10 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
                 **load_kwargs(self.on_policy)).to(self.device)
         except (OSError, ValueError) as exc:
             raise EngineError(f"cannot load a causal LM from {model_path}: {exc}") from exc
+        if apply_specs(self.model, self.model_specs) and fast_decode:
+            log.info("model.specs replace modules: the torch engine decodes through the HF modules' forward, not the "
+                     "lean Llama path")
+            fast_decode = False
         self.model.eval()
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(self.model)
@@ -233,6 +249,12 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
 
     def tied_aliases(self) -> dict[str, str]:
         return module_ties(self.model)
+
+    def profile_decode(self, profiler: VersionProfiler) -> None:
+        """Trace the engine steps run under profiler's weight versions (set on the engine thread, which runs them)."""
+        def attach() -> None:
+            self._profiler = profiler
+        self.call(attach)
 
     @contextmanager
     def admission_held(self) -> Iterator[None]:
@@ -366,6 +388,8 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
                     tasks, self._tasks = list(self._tasks), deque()
                     for _, done in tasks:
                         done.set_exception(EngineError("engine is shut down"))
+                    if self._profiler is not None:       # an open trace is written on the thread that ran it
+                        self._profiler.close()
                     return
                 tasks, self._tasks = list(self._tasks), deque()
             with self._step_lock:
@@ -401,11 +425,17 @@ class TorchEngine(Pausable, Abortable, Streaming, Retractable, TensorThread, Hol
             seen = len(self._waiting)
 
     def _step(self, admitted: list[_Request]) -> None:
+        profiler = self._profiler
+        if profiler is not None:
+            profiler.before_step(self._version)
+        label = profiler.label if profiler is not None else _no_label
         with torch.inference_mode(), batch_invariant(self.on_policy):
             if admitted:
-                self._prefill(admitted)
+                with label("rlfleet.engine.prefill"):
+                    self._prefill(admitted)
             if self._running:
-                self._decode()
+                with label("rlfleet.engine.decode"):
+                    self._decode()
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill the admitted requests. Equal prompts (a group's samples) are prefilled once and their cache rows

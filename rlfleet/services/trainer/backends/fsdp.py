@@ -27,6 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlfleet.config import Config
+from rlfleet.model_specs import apply_specs, load_specs
 from rlfleet.sample import Sample
 from rlfleet.security.bound_store import rendezvous_store
 from rlfleet.services.trainer import checkpoint
@@ -39,7 +40,7 @@ from rlfleet.services.trainer.fast_paths import apply_model_swaps, load_kwargs, 
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.lora import apply_lora, is_adapter
 from rlfleet.services.trainer.optimizer import adamw
-from rlfleet.services.trainer.routing_replay import RoutingReplay
+from rlfleet.services.trainer.routing_replay import RoutingReplay, router_specs
 from rlfleet.services.trainer.schedule import build_scheduler, restore_scheduler, scheduler_state
 from rlfleet.services.trainer.sequence_packing import packed_forward_logprobs
 from rlfleet.services.trainer.step import ForwardFn, StepContext, train_step
@@ -113,7 +114,8 @@ class FsdpBackend:
         # Meta-device build + per-rank shard reads (backends/shard_loading.py) unless the model must exist whole
         # before sharding: LoRA adapters are initialised on it, and after_model_init hooks see it.
         self.loaded_by_shards = False
-        if not t.lora.rank and not hooks:
+        specs = load_specs(cfg.model.specs)          # model.specs: imported and checked before any weight is read
+        if not t.lora.rank and not hooks and not specs:
             model = build_meta_model(cfg.model_path, **load_kwargs(t.on_policy))
             # a checkpoint whose names transformers converts at load (fused MoE experts) loads whole instead
             self.loaded_by_shards = files_name_every_parameter(model, cfg.model_path)
@@ -121,11 +123,14 @@ class FsdpBackend:
             model = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32,
                                                          **load_kwargs(t.on_policy))
             model.to(device)
+        # model.specs: the same code as the torch engine's, before LoRA, hooks, R3, the fast paths and FSDP
+        self.model_specs = apply_specs(model, specs)
         if t.lora.rank:                  # before the hook, so a hook sees the model that trains
             apply_lora(model, t.lora.rank, t.lora.alpha, t.lora.targets, seed=cfg.run.seed)
         call_hooks(hooks, "after_model_init", model)
         # R3: hooks on the MoE routers, installed before sharding; None for trainer.routing_replay: false
-        self.routing_replay = RoutingReplay(model) if cfg.trainer.routing_replay else None
+        self.routing_replay = RoutingReplay(model, router_specs(cfg.model.router_scores)) \
+            if cfg.trainer.routing_replay else None
         if t.activation_checkpointing:          # recompute each decoder layer's activations in backward
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.mesh = init_device_mesh(device.type, (world_size,))
@@ -144,7 +149,8 @@ class FsdpBackend:
         # true on-policy (batch-invariant kernels) or the shared-prompt layout around it (fast_paths/)
         self.forward = training_forward(cfg, packed, model.config._attn_implementation, self.pad_id,
                                         self.compute_dtype)
-        self.reference = FrozenScorer(cfg.model_path, device, self._shard, self._forward) if t.kl.coef > 0 else None
+        self.reference = FrozenScorer(cfg.model_path, device, self._shard, self._forward, specs=specs) \
+            if t.kl.coef > 0 else None
         self.teacher = None
         if needs_teacher(t):        # a teacher algorithm without a teacher path: refused by check_trainer (config)
             assert t.teacher.model_path, "rlfleet.config.check_trainer refuses this config"

@@ -98,7 +98,13 @@ MODEL_SWAPS: tuple[ModelSwap, ...] = (
 
 def apply_model_swaps(model: torch.nn.Module, cfg: Config, device: torch.device, compute_dtype: torch.dtype
                       ) -> list[str]:
-    """Apply, in MODEL_SWAPS order, every swap whose conditions hold (call before sharding); returns their names."""
+    """Apply, in MODEL_SWAPS order, every swap whose conditions hold (call before sharding); returns their names.
+    A run with model.specs takes none: the user's modules own the module tree (a swap inside a replacement, or an
+    attention function a replaced attention never calls, would change or miss it), so the spec wins."""
+    if cfg.model.specs:
+        log.info("model.specs replace modules: the trainer's module swaps (%s) are not taken",
+                 ", ".join(s.name for s in MODEL_SWAPS))
+        return []
     applied = []
     for swap in MODEL_SWAPS:
         if not swap.applies(cfg, device, compute_dtype):
