@@ -54,6 +54,11 @@ from rlfleet.config.perf import (
     RolloutPerf,
     TrainerPerf,
 )
+from rlfleet.config.policy_losses import (
+    ClipCovConfig,
+    KlCovConfig,
+    MaskingConfig,
+)
 from rlfleet.config.rollout import (
     DataConfig,
     EngineHealthConfig,
@@ -111,6 +116,7 @@ __all__ = [
     "AdvantageSpec",
     "AlgorithmPreset",
     "BufferConfig",
+    "ClipCovConfig",
     "Config",
     "ConfigError",
     "CpuPerf",
@@ -126,8 +132,10 @@ __all__ = [
     "EvalConfig",
     "GspoConfig",
     "KlConfig",
+    "KlCovConfig",
     "LOSS_NAMES",
     "LoraConfig",
+    "MaskingConfig",
     "MOVED_FIELDS",
     "MegatronConfig",
     "ModelConfig",

@@ -37,8 +37,21 @@ from rlfleet.config import ALGORITHM_PRESETS as PRESETS
 from rlfleet.config import TrainerConfig, needs_critic, needs_teacher, reads_only_rewards
 from rlfleet.plugins import PluginError, load_callable
 from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch, ZeroAtZeroAdvantage
-from rlfleet.services.trainer.advantages import ADVANTAGES, TOKEN_REWARDS, Gae, Grpo, ReinforcePP
-from rlfleet.services.trainer.losses import LOSSES, EntropyTerm, kl_estimate, kl_penalized
+from rlfleet.services.trainer.advantages import (
+    ADVANTAGES,
+    TOKEN_REWARDS,
+    Gae,
+    Grpo,
+    ReinforcePP,
+    ReinforcePPBaseline,
+)
+from rlfleet.services.trainer.advantages_baselines import ESTIMATOR_FACTORIES
+from rlfleet.services.trainer.loss_masks import masked_loss
+from rlfleet.services.trainer.loss_variants import VARIANT_LOSSES
+from rlfleet.services.trainer.losses import LOSSES, entropy_term, kl_estimate, kl_penalized
+
+# every built-in loss: losses.LOSSES and verl's other policy losses (loss_variants.py)
+LOSS_FACTORIES: dict[str, Callable[[TrainerConfig], LossFn]] = {**LOSSES, **VARIANT_LOSSES}
 
 
 def _fixed(estimator: AdvantageEstimator) -> Callable[[TrainerConfig], AdvantageEstimator]:
@@ -49,9 +62,11 @@ def _fixed(estimator: AdvantageEstimator) -> Callable[[TrainerConfig], Advantage
 # losses.LOSSES; estimators without knobs are advantages.ADVANTAGES' instances, the others read their sub-sections
 ADVANTAGE_FACTORIES: dict[str, Callable[[TrainerConfig], AdvantageEstimator]] = {
     **{name: _fixed(estimator) for name, estimator in ADVANTAGES.items()},
-    "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam),
-    "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards),
-    "reinforce_pp": lambda cfg: ReinforcePP(cfg.estimator.gamma),
+    "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam, cfg.estimator.whiten_std),
+    "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards, cfg.estimator.std_eps),
+    "reinforce_pp": lambda cfg: ReinforcePP(cfg.estimator.gamma, cfg.estimator.whiten_std),
+    "reinforce_pp_baseline": lambda cfg: ReinforcePPBaseline(cfg.estimator.whiten_std),
+    **ESTIMATOR_FACTORIES,
 }
 
 
@@ -83,11 +98,11 @@ def resolve_advantage(name: str, cfg: TrainerConfig | None = None) -> AdvantageE
 
 
 def resolve_loss(name: str, cfg: TrainerConfig) -> LossFn:
-    if name in LOSSES:
-        return LOSSES[name](cfg)
+    if name in LOSS_FACTORIES:
+        return LOSS_FACTORIES[name](cfg)
     if ":" in name:
         return load_callable(name, "trainer.loss", LossFn)
-    raise PluginError(f"loss '{name}': not a built-in ({', '.join(sorted(LOSSES))}) "
+    raise PluginError(f"loss '{name}': not a built-in ({', '.join(sorted(LOSS_FACTORIES))}) "
                       "nor a dotted path 'package.module:attribute'")
 
 
@@ -97,12 +112,13 @@ def resolve(cfg: TrainerConfig) -> tuple[AdvantageEstimator, LossFn]:
         raise PluginError(f"trainer.algorithm '{cfg.algorithm}': unknown preset (known: {', '.join(sorted(PRESETS))})")
     preset = PRESETS[cfg.algorithm]
     advantage = resolve_advantage(cfg.advantage or preset.advantage, cfg)
-    loss = resolve_loss(cfg.loss or preset.loss, cfg)
+    loss_name = cfg.loss or preset.loss
+    loss = masked_loss(resolve_loss(loss_name, cfg), cfg.masking)
     if cfg.kl.coef > 0 and cfg.kl.in_reward:
         advantage = KlInReward(advantage, cfg.kl.coef, cfg.kl.estimator)
     elif cfg.kl.coef > 0:
-        loss = kl_penalized(loss, cfg.kl, cfg.policy_loss)
-    return advantage, EntropyTerm(loss, cfg.policy_loss.entropy_coef)
+        loss = kl_penalized(loss, cfg, loss_name)
+    return advantage, entropy_term(loss, cfg, loss_name)
 
 
 def skips_zero_advantage(cfg: TrainerConfig, loss: LossFn) -> bool:
@@ -114,5 +130,5 @@ def skips_zero_advantage(cfg: TrainerConfig, loss: LossFn) -> bool:
         isinstance(loss, ZeroAtZeroAdvantage) and loss.zero_at_zero_advantage
 
 
-__all__ = ["ADVANTAGE_FACTORIES", "PRESETS", "KlInReward", "needs_critic", "needs_teacher", "resolve",
+__all__ = ["ADVANTAGE_FACTORIES", "LOSS_FACTORIES", "PRESETS", "KlInReward", "needs_critic", "needs_teacher", "resolve",
            "resolve_advantage", "resolve_loss", "skips_zero_advantage"]
