@@ -173,7 +173,7 @@ class KlCovLoss(_Common):
         per_token = torch.where(penalised, per_token + self.coef * log_r.abs(), per_token)
         share = _token_share(valid, metric_tokens(batch, token_count))
         return self.finish(per_token, logprobs, batch, token_count,
-                           {"kl_cov_fraction": float(share(penalised)), "ppo_kl_abs": float(share(log_r.abs()))})
+                           {"kl_cov_fraction": float(share(penalised)), "ppo_kl_abs": float(share(log_r.detach().abs()))})
 
 
 def _common(cfg: TrainerConfig) -> dict[str, Any]:
