@@ -172,8 +172,8 @@ class KlCovLoss(_Common):
         penalised = penalised.view_as(valid)                                          # [S, T]
         per_token = torch.where(penalised, per_token + self.coef * log_r.abs(), per_token)
         share = _token_share(valid, metric_tokens(batch, token_count))
-        return self.finish(per_token, logprobs, batch, token_count,
-                           {"kl_cov_fraction": float(share(penalised)), "ppo_kl_abs": float(share(log_r.detach().abs()))})
+        extra = {"kl_cov_fraction": float(share(penalised)), "ppo_kl_abs": float(share(log_r.detach().abs()))}
+        return self.finish(per_token, logprobs, batch, token_count, extra)
 
 
 def _common(cfg: TrainerConfig) -> dict[str, Any]:
