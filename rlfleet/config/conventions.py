@@ -72,12 +72,10 @@ def apply_convention(section: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def convention_source(section: Mapping[str, Any], dotted: str) -> str:
-    """Where the value of trainer.<dotted> comes from: "config", "convention NAME" or "default"."""
-    sub, _, field = dotted.partition(".")
-    if field in _as_dict(section.get(sub, {})):
-        return "config"
-    name = str(section.get("convention", "rlfleet"))
-    if name != "rlfleet" and dotted in CONVENTIONS.get(name, {}):
-        return f"convention {name}"
-    return "default"
+def convention_values(field: str) -> dict[str, Any]:
+    """{convention: value} of a convention knob by its full dotted name ("trainer.kl.agg"); {} for other fields.
+    `rlfleet check --explain` prints it."""
+    dotted = field.removeprefix("trainer.")
+    if not field.startswith("trainer.") or dotted not in CONVENTIONS["rlfleet"]:
+        return {}
+    return {name: table[dotted] for name, table in CONVENTIONS.items()}

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from rlfleet.config import TrainerConfig
+from rlfleet.config import TrainerConfig, explain
 from rlfleet.protocols import LossOutput
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.entropy import ENTROPY
@@ -178,3 +178,10 @@ def test_each_convention_sets_its_column_and_a_config_field_wins(column: int, co
     assert mine.kl.agg == "token-mean" and mine.kl.coef == 0.1 and mine.estimator.std_eps == 0.5
     assert mine.kl.logged == TABLE["kl.logged"][column] and mine.estimator.whiten_std == \
         TABLE["estimator.whiten_std"][column]
+
+
+def test_explain_names_each_convention_s_value() -> None:
+    for dotted, values in TABLE.items():
+        line = [x for x in explain(f"trainer.{dotted}").splitlines() if x.startswith("  trainer.convention:")]
+        assert line == [f"  trainer.convention: rlfleet {values[0]}, verl {values[1]}, trl {values[2]}"], dotted
+    assert not any("trainer.convention:" in x for x in explain("trainer.kl.coef").splitlines())
