@@ -15,15 +15,25 @@ resolves those names to the implementations: ADVANTAGE_FACTORIES and losses.LOSS
 | dapo                  | grpo                   | dapo        | buffer.filters: [dynamic_sampling]             |
 | distill               | distill (reverse KL)   | clipped_pg  | trainer.teacher.model_path                     |
 | sft                   | sft                    | sft         |                                                |
+| cispo                 | grpo                   | cispo       | trainer.clip_low / clip_high (loss_variants.py) |
+| gpg                   | gpg                    | gpg         | (advantages_baselines.py)                      |
+| clip_cov              | grpo                   | clip_cov    | trainer.clip_cov                               |
+| kl_cov                | grpo                   | kl_cov      | trainer.kl_cov                                 |
+| opo                   | opo (length-weighted)  | clipped_pg  |                                                |
+
+ReMax (trainer.advantage: remax) is registered and refused at check time (advantages_baselines.py says why).
+trainer.masking wraps the loss in TRL's entropy / off-policy masks (loss_masks.py); trainer.convention sets the verl
+or TRL conventions of the KL and entropy terms and the estimators (docs/algorithms.md).
 
 DAPO over-samples through the buffer: buffer.over_sample issues up to ceil(over_sample * groups_per_step) groups
 per step up front, a group the dynamic_sampling filter drops frees its place for a replacement ticket, and once the
 step's batch is full the groups still in flight that no step can use are cancelled (their engine requests aborted),
 so every step gets groups_per_step informative groups without waiting on replacements one at a time.
 trainer.kl.coef > 0 wraps the loss in a KL penalty against the reference model (k1 / k2 / k3 / abs, "+" variants,
-optionally ratio-weighted), or with kl.in_reward puts -coef * KL(old || ref) into the per-token rewards the estimator
-reads. Every loss is wrapped in an EntropyTerm: the policy's entropy is a metric every step, and
-trainer.policy_loss.entropy_coef > 0 adds the entropy bonus.
+optionally ratio-weighted; a token mean or aggregated like the policy loss: trainer.kl.agg), or with kl.in_reward
+puts -coef * KL(old || ref) into the per-token rewards the estimator reads. Every loss is wrapped in an
+EntropyTerm: the policy's entropy is a metric every step, and trainer.policy_loss.entropy_coef > 0 adds the entropy
+bonus (trainer.policy_loss.entropy_agg).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Policy losses, each an `rlfleet.protocols.LossFn`. Built-in: the clipped policy-gradient loss (GRPO, DAPO's
 clip-higher, PPO, REINFORCE++, RLOO, distillation) with verl's dual-clip, Dr. GRPO's constant-normalised sum, GSPO's
-sequence-level ratio, SFT, a KL penalty against the reference model and an entropy term wrapped around any of them.
+sequence-level ratio, SFT, a KL penalty against the reference model and an entropy term wrapped around any of them
+(each aggregated as a token mean or like the policy loss: trainer.kl.agg, trainer.policy_loss.entropy_agg). verl's
+other losses are in loss_variants.py, TRL's masks in loss_masks.py, the verl / TRL conventions in docs/algorithms.md.
 
 Aggregation (`trainer.policy_loss.agg`, verl's `loss_agg_mode`; TRL's `loss_type` names are aliases) is over the
 *global* batch, each rank returning its share so that the ranks' losses sum to the loss of the whole batch:
@@ -26,8 +28,10 @@ rollout log-ratio the same, k3 to +-policy_loss.kl_clamp: no NaN or inf from ext
 Rollout correction against the rollout engine's logprobs (`trainer.tis`): truncated importance sampling (tis) or
 masked IS (icepop / mask: weight 0 outside [low, clip]), of the token ratio, the sequence ratio (product) or its
 geometric mean; metrics is_ratio_mean (the raw token ratio), tis_weight_mean / tis_weight_sq_mean (-> effective
-sample size, computed by the trainer), tis_clip_fraction (tokens truncated or masked), logprob_abs_diff =
-|old - rollout|, and for the sequence levels tis_seq_ratio_mean (the sequences' ratio, a global sequence mean).
+sample size, computed by the trainer), tis_weight_min / tis_weight_max (over the valid tokens), tis_clip_fraction
+(tokens truncated or masked), logprob_abs_diff = |old - rollout|, and for the sequence levels tis_seq_ratio_mean (the
+sequences' ratio, a global sequence mean). The clipped loss also reports TRL's per-sequence clip_fraction_low_min and
+clip_fraction_high_max. A metric ending in _min / _max is an extreme, combined by min / max (metric_reduce.py).
 """
 
 from __future__ import annotations
