@@ -21,14 +21,16 @@ ADV = [[-1.2, -1.2, -1.2, -1.2], [-0.8, -0.8, -0.8, -0.8], [0.5, 0.5, 0.5, 0.5]]
 MASK = [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]]
 
 
-def _trl(logp: torch.Tensor, keep: torch.Tensor, beta: float = 0.0) -> torch.Tensor:
+def _trl(logp: torch.Tensor, keep: torch.Tensor, beta: float = 0.0, entropy_coef: float = 0.0) -> torch.Tensor:
     mask = torch.tensor(MASK, dtype=torch.float32)
     r = torch.exp(logp - torch.tensor(OLD))
     adv = torch.tensor(ADV)
     per_token = -torch.min(r * adv, torch.clamp(r, 0.8, 1.2) * adv) * keep
     d = torch.tensor(REF) - logp
     per_token = per_token + beta * (torch.exp(d) - d - 1)
-    return (per_token * mask).sum() / mask.sum()
+    effective = mask * keep                    # TRL 1.16: the entropy bonus is a mean over the entropy-kept tokens
+    bonus = (torch.tensor(ENT) * effective).sum() / effective.sum().clamp(min=1.0)
+    return (per_token * mask).sum() / mask.sum() - entropy_coef * bonus
 
 
 def _ours(cfg: TrainerConfig) -> tuple[float, torch.Tensor, dict[str, float]]:
@@ -41,10 +43,10 @@ def _ours(cfg: TrainerConfig) -> tuple[float, torch.Tensor, dict[str, float]]:
     return out.loss.item(), logp.grad, out.metrics
 
 
-def _check(cfg: TrainerConfig, keep: torch.Tensor, beta: float = 0.0) -> dict[str, float]:
+def _check(cfg: TrainerConfig, keep: torch.Tensor, beta: float = 0.0, entropy_coef: float = 0.0) -> dict[str, float]:
     loss, grad, metrics = _ours(cfg)
     logp = torch.tensor(LOGP, requires_grad=True)
-    ref = _trl(logp, keep, beta)
+    ref = _trl(logp, keep, beta, entropy_coef)
     ref.backward()
     assert loss == pytest.approx(ref.item(), abs=1e-6)
     torch.testing.assert_close(grad, logp.grad, atol=1e-6, rtol=0)
@@ -64,6 +66,9 @@ def test_entropy_mask_trains_only_the_top_entropy_tokens(quantile: float) -> Non
     metrics = _check(TrainerConfig(**BASE, masking={"top_entropy_quantile": quantile}, kl={"coef": 0.04}), keep,
                      beta=0.04)
     assert metrics["entropy_mask_fraction"] == pytest.approx(float(keep.sum() / valid.sum()), abs=1e-6)
+    # with an entropy bonus: TRL's bonus covers the kept tokens only
+    base = {**BASE, "policy_loss": {"agg": "bnpo", "entropy_coef": 0.1}}
+    _check(TrainerConfig(**base, masking={"top_entropy_quantile": quantile}), keep, entropy_coef=0.1)
 
 
 def test_off_policy_sequence_mask_drops_negative_advantage_drifted_sequences() -> None:

@@ -1,8 +1,8 @@
 """TRL's masks of the policy-loss term (trainer.masking), wrapped around any loss as the advantages it sees: a
 masked token's advantage is 0, so a loss that is 0 with no gradient at a zero advantage (every built-in policy loss
 but kl_cov's |log r| penalty, which a masked token then still pays) leaves the token out of its numerator while its
-denominator still counts it, as TRL multiplies per_token_loss by the mask before aggregating. The KL penalty and
-the entropy bonus wrap outside and are not masked (TRL's order). The masked loss's clip metrics count masked tokens
+denominator still counts it, as TRL multiplies per_token_loss by the mask before aggregating. The KL penalty wraps
+outside and is not masked (TRL's order); the entropy bonus covers the entropy-kept tokens (losses.EntropyTerm). The masked loss's clip metrics count masked tokens
 as unclipped (TRL counts them by their real advantage).
 
 - Entropy mask (TRL's top_entropy_quantile q < 1): keep the tokens whose entropy (batch.extras["entropy"], from the
@@ -20,18 +20,8 @@ import torch
 
 from rlfleet.config import MaskingConfig
 from rlfleet.protocols import LossFn, LossOutput, TrainBatch
-from rlfleet.services.trainer.entropy import ENTROPY
+from rlfleet.services.trainer.entropy import ENTROPY, high_entropy_mask
 from rlfleet.services.trainer.losses import _token_share, metric_tokens
-
-
-def high_entropy_mask(entropy: torch.Tensor, valid: torch.Tensor, quantile: float) -> torch.Tensor:
-    """TRL's get_high_entropy_mask: entropy >= the (1 - quantile) quantile of the valid tokens' entropies, and
-    valid. entropy, valid: [S, T] -> [S, T] bool (none kept when no token is valid)."""
-    values = entropy.detach().float()[valid]
-    if values.numel() == 0:
-        return torch.zeros_like(valid)
-    threshold = torch.quantile(values, 1.0 - quantile)
-    return (entropy.detach() >= threshold) & valid
 
 
 def off_policy_sequence_mask(advantages: torch.Tensor, logprobs: torch.Tensor, rollout: torch.Tensor,

@@ -44,7 +44,7 @@ import torch
 
 from rlfleet.config import PolicyLossConfig, TisConfig, TrainerConfig
 from rlfleet.protocols import LossFn, LossOutput, TrainBatch, ZeroAtZeroAdvantage
-from rlfleet.services.trainer.entropy import ENTROPY
+from rlfleet.services.trainer.entropy import ENTROPY, high_entropy_mask
 
 SEQ_COUNT = "seq_count"
 ROW_COUNT = "row_count"
@@ -404,13 +404,16 @@ class KlPenalizedLoss:
 class EntropyTerm:
     """inner loss - coef * the policy's entropy (from the logits: batch.extras["entropy"] [S, T], filled by the
     forward), aggregated by `agg`: a global token mean (TRL) or the policy loss's mode (verl's agg_loss(entropy,
-    loss_agg_mode)); reports "entropy", a global token mean, as a metric whenever the forward provided it."""
+    loss_agg_mode)); reports "entropy", a global token mean, as a metric whenever the forward provided it.
+    top_entropy_quantile < 1 (trainer.masking): the bonus covers the tokens the entropy mask keeps (TRL 1.16's
+    effective_mask), a mean over those tokens with token-mean aggregation (one data-parallel rank: the check)."""
 
     inner: LossFn
     coef: float = 0.0
     agg: str = "token-mean"
     empty_rows: str = "exclude"
     max_tokens: int = 0
+    top_entropy_quantile: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "agg", canonical_agg(self.agg))
@@ -430,10 +433,19 @@ class EntropyTerm:
                                  "(this backend does not provide it)")
             return out
         valid = batch.response_mask > 0
-        loss = out.loss - self.coef * aggregate(entropy, batch, token_count, self.agg, self.empty_rows,
-                                                self.max_tokens) if self.coef > 0 else out.loss
+        loss = out.loss - self.coef * self._bonus(entropy, batch, token_count) if self.coef > 0 else out.loss
         mean = _token_share(valid, metric_tokens(batch, token_count))(entropy.detach())
         return LossOutput(loss=loss, metrics={**out.metrics, "entropy": float(mean)})
+
+    def _bonus(self, entropy: torch.Tensor, batch: TrainBatch, token_count: float) -> torch.Tensor:
+        """The aggregated entropy (entropy [S, T]) the bonus maximises."""
+        if self.top_entropy_quantile >= 1.0:
+            return aggregate(entropy, batch, token_count, self.agg, self.empty_rows, self.max_tokens)
+        keep = high_entropy_mask(entropy, batch.response_mask > 0, self.top_entropy_quantile)     # [S, T]
+        kept = torch.where(keep, entropy, torch.zeros((), device=entropy.device))
+        if self.agg == "token-mean":
+            return kept.sum() / max(float(keep.sum()), 1.0)
+        return aggregate(kept, batch, token_count, self.agg, self.empty_rows, self.max_tokens)
 
 
 def _clipped(cfg: TrainerConfig, clip_high: float, agg: str) -> ClippedPolicyLoss:
@@ -488,7 +500,8 @@ def entropy_term(loss: LossFn, cfg: TrainerConfig, loss_name: str) -> LossFn:
     """The entropy metric and bonus of trainer.policy_loss around `loss` (aggregated as entropy_agg says)."""
     p = cfg.policy_loss
     agg = policy_agg(cfg, loss_name) if p.entropy_agg == "policy" else "token-mean"
-    return EntropyTerm(loss, p.entropy_coef, agg, p.empty_rows, cfg.drgrpo.max_tokens)
+    return EntropyTerm(loss, p.entropy_coef, agg, p.empty_rows, cfg.drgrpo.max_tokens,
+                       cfg.masking.top_entropy_quantile)
 
 
 # built-in loss name -> factory taking the trainer config; the names are rlfleet.config.LOSS_NAMES
