@@ -23,23 +23,25 @@ CONVENTION_NAMES = ("rlfleet", "verl", "trl")
 CONVENTIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "rlfleet": MappingProxyType({
         "kl.agg": "token-mean", "kl.logged": "plain", "policy_loss.entropy_agg": "token-mean",
-        "estimator.whiten_std": "population", "estimator.std_eps": 1e-6, "gspo.clip_fraction": "sequence",
-        "policy_loss.empty_rows": "exclude", "policy_loss.clip_ratio_c": 3.0,
+        "estimator.whiten_std": "population", "estimator.std_eps": 1e-6, "estimator.single_sample": "reward",
+        "gspo.clip_fraction": "sequence", "policy_loss.empty_rows": "exclude", "policy_loss.clip_ratio_c": 3.0,
     }),
     # verl: agg_loss(kld / entropy, loss_agg_mode) like the policy loss; masked_whiten with masked_var(unbiased=True);
-    # GRPO epsilon 1e-6; GSPO's pg_clipfrac a token mean; seq-mean modes count rows with a valid token; dual-clip 3
+    # GRPO epsilon 1e-6, a one-sample group's raw reward; GSPO's pg_clipfrac a token mean; seq-mean modes count rows
+    # with a valid token; dual-clip 3
     "verl": MappingProxyType({
         "kl.agg": "policy", "kl.logged": "plain", "policy_loss.entropy_agg": "policy",
-        "estimator.whiten_std": "bessel", "estimator.std_eps": 1e-6, "gspo.clip_fraction": "token",
-        "policy_loss.empty_rows": "exclude", "policy_loss.clip_ratio_c": 3.0,
+        "estimator.whiten_std": "bessel", "estimator.std_eps": 1e-6, "estimator.single_sample": "reward",
+        "gspo.clip_fraction": "token", "policy_loss.empty_rows": "exclude", "policy_loss.clip_ratio_c": 3.0,
     }),
     # TRL: per_token_loss + beta * per_token_kl aggregated by loss_type; the entropy bonus a global token mean; the
-    # logged kl is the (bias-corrected) per_token_kl; std + 1e-4; sequence-level clip ratios count sequences; grpo's
-    # .mean() over every row; no dual-clip; whitening (its PPO trainer's masked_whiten) unbiased
+    # logged kl is the (bias-corrected) per_token_kl; std + 1e-4 and a one-sample group's r - mean = 0;
+    # sequence-level clip ratios count sequences; grpo's .mean() over every row; no dual-clip; whitening (its PPO
+    # trainer's masked_whiten) unbiased
     "trl": MappingProxyType({
         "kl.agg": "policy", "kl.logged": "weighted", "policy_loss.entropy_agg": "token-mean",
-        "estimator.whiten_std": "bessel", "estimator.std_eps": 1e-4, "gspo.clip_fraction": "sequence",
-        "policy_loss.empty_rows": "include", "policy_loss.clip_ratio_c": 0.0,
+        "estimator.whiten_std": "bessel", "estimator.std_eps": 1e-4, "estimator.single_sample": "zero",
+        "gspo.clip_fraction": "sequence", "policy_loss.empty_rows": "include", "policy_loss.clip_ratio_c": 0.0,
     }),
 })
 

@@ -129,6 +129,9 @@ class EstimatorConfig(Section):
     gamma: float = Field(1.0, ge=0, le=1, description="REINFORCE++'s discount over the response tokens.")
     std_eps: float = Field(1e-6, gt=0, description="GRPO's (r - mean) / (std + std_eps). Conventions: verl 1e-6, "
                            "trl 1e-4.")
+    single_sample: Literal["reward", "zero"] = Field("reward", description="GRPO's advantage of a one-sample group "
+                                                     "(no baseline): its raw reward (verl), or 0 (TRL: r minus its "
+                                                     "own mean). Conventions: verl reward, trl zero.")
     whiten_std: Literal["population", "bessel"] = Field("population", description="Whitening (REINFORCE++, "
                                                         "REINFORCE++-baseline, GAE): (x - mean) / (std + 1e-8) with "
                                                         "the population std, or verl's masked_whiten (x - mean) * "
@@ -179,7 +182,8 @@ class TrainerConfig(Section):
                                                           "knob the config does not set itself (kl.agg, kl.logged, "
                                                           "policy_loss.entropy_agg, policy_loss.empty_rows, "
                                                           "policy_loss.clip_ratio_c, estimator.whiten_std, "
-                                                          "estimator.std_eps, gspo.clip_fraction; "
+                                                          "estimator.std_eps, estimator.single_sample, "
+                                                          "gspo.clip_fraction; "
                                                           "rlfleet/config/conventions.py, docs/algorithms.md). "
                                                           "rlfleet: the fields' own defaults.")
     advantage: str | None = Field(None, description="Override the preset's advantage: a built-in name or a dotted "

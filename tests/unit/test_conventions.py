@@ -136,6 +136,14 @@ def test_trl_std_epsilon() -> None:
         assert float(estimator(batch())[1, 0]) == pytest.approx(-0.75 / (0.5 + eps), abs=1e-7)
 
 
+def test_a_one_sample_group_gets_its_reward_in_verl_and_0_in_trl() -> None:
+    # TRL: (r - mean of its group of one) / (std 0 + 1e-4) = 0; verl: mean 0, std 1 for a group of one
+    batch = lambda: train_batch([[1, 1]] * 3, rewards=[1.0, 0.0, 0.7], groups=[0, 0, 1])   # noqa: E731
+    for convention, want in (("trl", 0.0), ("verl", 0.7)):
+        estimator, _ = resolve(TrainerConfig(convention=convention))
+        assert float(estimator(batch())[2, 0]) == pytest.approx(want, abs=1e-7)
+
+
 def test_gspo_clip_fraction_counts_tokens_for_verl_and_sequences_for_trl() -> None:
     # a narrow clip range: the sequence ratios of rows 0 and 1 leave it (their A's sign decides), row 2's is inside
     cfg = {"algorithm": "gspo", "tis": NO_TIS, "gspo": {"clip": (0.01, 0.01)}}
@@ -161,6 +169,7 @@ TABLE = {
     "policy_loss.entropy_agg": ("token-mean", "policy", "token-mean"),
     "estimator.whiten_std": ("population", "bessel", "bessel"),
     "estimator.std_eps": (1e-6, 1e-6, 1e-4),
+    "estimator.single_sample": ("reward", "reward", "zero"),
     "gspo.clip_fraction": ("sequence", "token", "sequence"),
     "policy_loss.empty_rows": ("exclude", "exclude", "include"),
     "policy_loss.clip_ratio_c": (3.0, 3.0, 0.0),

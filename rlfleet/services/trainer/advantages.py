@@ -51,10 +51,11 @@ def _batch_std(rewards: torch.Tensor, reduce_sum: ReduceSum) -> float:
 
 
 def group_normalized_rewards(rewards: torch.Tensor, group_index: torch.Tensor, eps: float = GRPO_EPS,
-                             scale: bool | str = True, reduce_sum: ReduceSum = _local_sum) -> torch.Tensor:
+                             scale: bool | str = True, reduce_sum: ReduceSum = _local_sum,
+                             single: str = "reward") -> torch.Tensor:
     """(r - mean_g) / (std + eps): std per group (scale True / "group"; the unbiased sample std), over the global
     batch ("batch", TRL's scale_rewards="batch"), or none (False / "none": r - mean_g). A one-sample group has no
-    baseline: its advantage is the raw reward (verl).
+    baseline: its advantage is the raw reward (single "reward", verl) or 0 (single "zero": TRL, r - its own mean).
 
     rewards: [S] float; group_index: [S] int64 in 0..G-1. Returns [S] float32.
     """
@@ -63,7 +64,7 @@ def group_normalized_rewards(rewards: torch.Tensor, group_index: torch.Tensor, e
         return rewards.clone()
     mode = "group" if scale is True else "none" if scale is False else scale
     count, mean, std = _group_stats(rewards, group_index)
-    single = count < 2
+    alone = count < 2
     centered = rewards - mean                                                       # [S]
     if mode == "group":
         centered = centered / (std + eps)
@@ -71,7 +72,9 @@ def group_normalized_rewards(rewards: torch.Tensor, group_index: torch.Tensor, e
         centered = centered / (_batch_std(rewards, reduce_sum) + eps)
     elif mode != "none":
         raise ValueError(f"trainer.estimator.scale_rewards {mode!r}: group, batch or none")
-    return torch.where(single, rewards, centered)
+    if single not in ("reward", "zero"):
+        raise ValueError(f"trainer.estimator.single_sample {single!r}: reward or zero")
+    return torch.where(alone, rewards if single == "reward" else torch.zeros_like(rewards), centered)
 
 
 def rloo_rewards(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
@@ -155,10 +158,12 @@ class Grpo:
 
     scale_rewards: str = "group"
     std_eps: float = GRPO_EPS
+    single_sample: str = "reward"
 
     def __call__(self, batch: TrainBatch) -> torch.Tensor:
         adv = group_normalized_rewards(sequence_scores(batch), batch.group_index, eps=self.std_eps,
-                                       scale=self.scale_rewards, reduce_sum=_reduce(batch))
+                                       scale=self.scale_rewards, reduce_sum=_reduce(batch),
+                                       single=self.single_sample)
         return _broadcast(adv, batch)
 
 

@@ -73,7 +73,7 @@ def _fixed(estimator: AdvantageEstimator) -> Callable[[TrainerConfig], Advantage
 ADVANTAGE_FACTORIES: dict[str, Callable[[TrainerConfig], AdvantageEstimator]] = {
     **{name: _fixed(estimator) for name, estimator in ADVANTAGES.items()},
     "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam, cfg.estimator.whiten_std),
-    "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards, cfg.estimator.std_eps),
+    "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards, cfg.estimator.std_eps, cfg.estimator.single_sample),
     "reinforce_pp": lambda cfg: ReinforcePP(cfg.estimator.gamma, cfg.estimator.whiten_std),
     "reinforce_pp_baseline": lambda cfg: ReinforcePPBaseline(cfg.estimator.whiten_std),
     **ESTIMATOR_FACTORIES,

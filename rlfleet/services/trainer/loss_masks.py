@@ -2,8 +2,8 @@
 masked token's advantage is 0, so a loss that is 0 with no gradient at a zero advantage (every built-in policy loss
 but kl_cov's |log r| penalty, which a masked token then still pays) leaves the token out of its numerator while its
 denominator still counts it, as TRL multiplies per_token_loss by the mask before aggregating. The KL penalty wraps
-outside and is not masked (TRL's order); the entropy bonus covers the entropy-kept tokens (losses.EntropyTerm). The masked loss's clip metrics count masked tokens
-as unclipped (TRL counts them by their real advantage).
+outside and is not masked (TRL's order); the entropy bonus covers the entropy-kept tokens (losses.EntropyTerm).
+The masked loss's clip metrics count masked tokens as unclipped (TRL counts them by their real advantage).
 
 - Entropy mask (TRL's top_entropy_quantile q < 1): keep the tokens whose entropy (batch.extras["entropy"], from the
   forward) is >= the (1 - q) quantile of this batch's valid tokens (torch.quantile, linear interpolation).
