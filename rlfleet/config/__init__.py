@@ -57,6 +57,11 @@ from rlfleet.config.perf import (
     RolloutPerf,
     TrainerPerf,
 )
+from rlfleet.config.policy_losses import (
+    ClipCovConfig,
+    KlCovConfig,
+    MaskingConfig,
+)
 from rlfleet.config.profile import (
     ProfileConfig,
 )
@@ -117,6 +122,7 @@ __all__ = [
     "AdvantageSpec",
     "AlgorithmPreset",
     "BufferConfig",
+    "ClipCovConfig",
     "Config",
     "ConfigError",
     "CpuPerf",
@@ -132,8 +138,10 @@ __all__ = [
     "EvalConfig",
     "GspoConfig",
     "KlConfig",
+    "KlCovConfig",
     "LOSS_NAMES",
     "LoraConfig",
+    "MaskingConfig",
     "MOVED_FIELDS",
     "MegatronConfig",
     "ModelConfig",

@@ -28,6 +28,8 @@ class AdvantageSpec:
     # reads only rewards (never old / reference / teacher logprobs or critic values): its advantages exist before
     # the training forward, so zero-advantage rows can be left out of it (perf.skip_zero_advantage)
     reward_only: bool = False
+    # what the rollout does not deliver yet, so `rlfleet check` refuses this estimator ("" when nothing)
+    missing: str = ""
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,15 @@ ADVANTAGE_SPECS: Mapping[str, AdvantageSpec] = MappingProxyType({spec.name: spec
     AdvantageSpec("gae", needs_critic=True),
     AdvantageSpec("distill", needs_teacher=True),
     AdvantageSpec("sft"),
+    AdvantageSpec("opo", reward_only=True),
+    AdvantageSpec("gpg", reward_only=True),
+    AdvantageSpec("remax", missing="a greedy (temperature 0) response per prompt scored as the reward baseline "
+                  "(batch.extras['reward_baselines']); the rollout does not produce it yet"),
 )})
 
 # the built-in losses (trainer.loss, or a preset's): rlfleet/services/trainer/losses.py LOSSES implements each
-LOSS_NAMES: frozenset[str] = frozenset({"clipped_pg", "dapo", "drgrpo", "gspo", "sft"})
+LOSS_NAMES: frozenset[str] = frozenset({"clipped_pg", "dapo", "drgrpo", "gspo", "sft",
+                                        "cispo", "gpg", "clip_cov", "kl_cov"})
 
 ALGORITHM_PRESETS: Mapping[str, AlgorithmPreset] = MappingProxyType({preset.name: preset for preset in (
     AlgorithmPreset("grpo", "grpo", "clipped_pg", needs_groups=True),
@@ -65,6 +72,13 @@ ALGORITHM_PRESETS: Mapping[str, AlgorithmPreset] = MappingProxyType({preset.name
     AlgorithmPreset("dapo", "grpo", "dapo", needs_groups=True),
     AlgorithmPreset("distill", "distill", "clipped_pg"),
     AlgorithmPreset("sft", "sft", "sft"),
+    # verl's other policy losses (GPG with its own estimator, the others on GRPO's advantages, as verl's examples),
+    # and OPO's estimator with the clipped loss
+    AlgorithmPreset("cispo", "grpo", "cispo", needs_groups=True),
+    AlgorithmPreset("gpg", "gpg", "gpg", needs_groups=True),
+    AlgorithmPreset("clip_cov", "grpo", "clip_cov", needs_groups=True),
+    AlgorithmPreset("kl_cov", "grpo", "kl_cov", needs_groups=True),
+    AlgorithmPreset("opo", "opo", "clipped_pg", needs_groups=True),
 )})
 
 _NO_SPEC = AdvantageSpec("")

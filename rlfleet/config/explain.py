@@ -9,6 +9,7 @@ import inspect
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from rlfleet.config.conventions import convention_values
 from rlfleet.config.field_docs import bounds_text, default_json, section_model, type_name
 from rlfleet.config.loading import ConfigError
 from rlfleet.config.root import MOVED_FIELDS, Config
@@ -47,6 +48,9 @@ def explain(name: str) -> str:
     default = default_json(field)
     lines.append("  default: " + ("required" if field.is_required() else
                                   "(the section's own defaults)" if default is None else default))
+    by_convention = convention_values(name)
+    if by_convention:      # a convention knob: what each trainer.convention sets it to (a config's own value wins)
+        lines.append("  trainer.convention: " + ", ".join(f"{k} {v}" for k, v in by_convention.items()))
     sub = section_model(field.annotation)
     description = field.description or ""
     doc = inspect.cleandoc(sub.__doc__) if sub is not None and sub.__doc__ else ""

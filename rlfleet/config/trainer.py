@@ -3,10 +3,12 @@ checkpoints, and each algorithm's own knobs."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from rlfleet.config.conventions import apply_convention
+from rlfleet.config.policy_losses import ClipCovConfig, KlCovConfig, MaskingConfig
 from rlfleet.config.profile import ProfileConfig
 from rlfleet.config.section import Section
 
@@ -44,6 +46,13 @@ class KlConfig(Section):
                             "use_kl_in_reward), not in the loss.")
     ratio_weighted: bool = Field(False, description="TRL's use_bias_correction_kl: the loss's KL times the ratio "
                                  "pi/pi_old.")
+    agg: Literal["token-mean", "policy"] = Field("token-mean", description="How the loss's KL term is aggregated: "
+                                                 "a global token mean, or like the policy loss (its "
+                                                 "policy_loss.agg; verl and TRL). Conventions: verl policy, trl "
+                                                 "policy.")
+    logged: Literal["plain", "weighted"] = Field("plain", description="With ratio_weighted, the metric kl: the "
+                                                 "plain estimate, or the ratio-weighted one the loss uses (TRL). "
+                                                 "Conventions: verl plain, trl weighted.")
 
 
 class CriticConfig(Section):
@@ -106,8 +115,11 @@ class PolicyLossConfig(Section):
                                 "-A * c (0: off).")
     log_ratio_clamp: float = Field(20.0, gt=0, description="log(pi/pi_old) clamped to +-this before exp (verl: 20).")
     kl_clamp: float = Field(10.0, gt=0, description="k3 / low_var_kl clamped to +-this (verl: 10).")
-    entropy_coef: float = Field(0.0, ge=0, description="loss -= coef * token-mean entropy (0: entropy is a metric "
-                                "only).")
+    entropy_coef: float = Field(0.0, ge=0, description="loss -= coef * entropy, aggregated by entropy_agg (0: "
+                                "entropy is a metric only).")
+    entropy_agg: Literal["token-mean", "policy"] = Field("token-mean", description="How the entropy bonus is "
+                                                         "aggregated: a global token mean (TRL), or like the policy "
+                                                         "loss (verl). Conventions: verl policy, trl token-mean.")
 
 
 class EstimatorConfig(Section):
@@ -116,6 +128,16 @@ class EstimatorConfig(Section):
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="GRPO's std: per group, over the "
                                                              "batch (TRL), or off (Dr. GRPO).")
     gamma: float = Field(1.0, ge=0, le=1, description="REINFORCE++'s discount over the response tokens.")
+    std_eps: float = Field(1e-6, gt=0, description="GRPO's (r - mean) / (std + std_eps). Conventions: verl 1e-6, "
+                           "trl 1e-4.")
+    single_sample: Literal["reward", "zero"] = Field("reward", description="GRPO's advantage of a one-sample group "
+                                                     "(no baseline): its raw reward (verl), or 0 (TRL: r minus its "
+                                                     "own mean). Conventions: verl reward, trl zero.")
+    whiten_std: Literal["population", "bessel"] = Field("population", description="Whitening (REINFORCE++, "
+                                                        "REINFORCE++-baseline, GAE): (x - mean) / (std + 1e-8) with "
+                                                        "the population std, or verl's masked_whiten (x - mean) * "
+                                                        "rsqrt(var * n / (n - 1) + 1e-8). Conventions: verl bessel, "
+                                                        "trl bessel.")
 
 
 class DapoConfig(Section):
@@ -130,6 +152,10 @@ class GspoConfig(Section):
 
     clip: tuple[float, float] = Field((3e-4, 4e-4), description="GSPO's sequence-ratio clip range (low, high): "
                                       "ratios are clipped to [1 - low, 1 + high].")
+    clip_fraction: Literal["sequence", "token"] = Field("sequence", description="What the metric clip_fraction "
+                                                        "counts: clipped sequences over sequences (TRL), or clipped "
+                                                        "tokens over tokens (verl). Conventions: verl token, trl "
+                                                        "sequence.")
 
 
 class DrGrpoConfig(Section):
@@ -151,7 +177,16 @@ class TrainerConfig(Section):
                        "each).")
     groups_per_step: int = Field(8, ge=1, description="Groups (prompts x rollout.group_size samples) per step.")
     algorithm: str = Field("grpo", description="Preset naming an advantage and a loss: grpo, rloo, drgrpo, gspo, "
-                           "ppo, reinforce_pp, reinforce_pp_baseline, dapo, distill, sft.")
+                           "ppo, reinforce_pp, reinforce_pp_baseline, dapo, distill, sft, cispo, gpg, clip_cov, "
+                           "kl_cov, opo.")
+    convention: Literal["rlfleet", "verl", "trl"] = Field("rlfleet", description="Sets every verl / TRL convention "
+                                                          "knob the config does not set itself (kl.agg, kl.logged, "
+                                                          "policy_loss.entropy_agg, policy_loss.empty_rows, "
+                                                          "policy_loss.clip_ratio_c, estimator.whiten_std, "
+                                                          "estimator.std_eps, estimator.single_sample, "
+                                                          "gspo.clip_fraction; "
+                                                          "rlfleet/config/conventions.py, docs/algorithms.md). "
+                                                          "rlfleet: the fields' own defaults.")
     advantage: str | None = Field(None, description="Override the preset's advantage: a built-in name or a dotted "
                                   "path.")
     loss: str | None = Field(None, description="Override the preset's loss: a built-in name or a dotted path.")
@@ -203,8 +238,17 @@ class TrainerConfig(Section):
     policy_loss: PolicyLossConfig = Field(PolicyLossConfig(), description="Aggregation, dual-clip, clamps and "
                                           "entropy of the token-level policy losses.")
     estimator: EstimatorConfig = Field(EstimatorConfig(), description="Options of the advantage estimators.")
+    clip_cov: ClipCovConfig = Field(ClipCovConfig(), description="The clip_cov loss (verl's Clip-Cov).")
+    kl_cov: KlCovConfig = Field(KlCovConfig(), description="The kl_cov loss (verl's KL-Cov).")
+    masking: MaskingConfig = Field(MaskingConfig(), description="TRL's token and sequence masks of the policy loss.")
     on_policy: bool = Field(False, description="True on-policy: engine and trainer compute log-probs with the same "
                             "batch-invariant CPU kernels (rlfleet/cpu_kernels/invariant_ops.py), so logprob_abs_diff "
                             "is exactly 0; torch engine + fsdp on CPU, fp32 only.")
     profile: ProfileConfig = Field(ProfileConfig(), description="Torch profiler traces of chosen steps and of the "
                                    "replicas' decode under the same weight versions (docs/profiling.md).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _convention(cls, data: Any) -> Any:
+        """trainer.convention fills the convention knobs this section does not set (rlfleet/config/conventions.py)."""
+        return apply_convention(data) if isinstance(data, dict) else data

@@ -9,7 +9,7 @@ the trainer.
 
 from __future__ import annotations
 
-from rlfleet.config.algorithms import needs_critic, needs_teacher
+from rlfleet.config.algorithms import advantage_name, advantage_spec, needs_critic, needs_teacher
 from rlfleet.config.loading import ConfigError
 from rlfleet.config.root import Config
 from rlfleet.config.trainer import TrainerConfig
@@ -38,6 +38,7 @@ def megatron_unsupported(t: TrainerConfig) -> list[str]:
         f"trainer.algorithm {t.algorithm} (a teacher model)": needs_teacher(t),
         "trainer.on_policy": t.on_policy,
         "trainer.policy_loss.entropy_coef > 0": t.policy_loss.entropy_coef > 0,
+        "trainer.masking.top_entropy_quantile < 1": t.masking.top_entropy_quantile < 1,
     }
     return [name for name, used in checks.items() if used]
 
@@ -63,6 +64,12 @@ def check_trainer(cfg: Config) -> None:
         check_megatron(t)
     if needs_teacher(t) and not t.teacher.model_path:
         raise ConfigError(f"trainer.algorithm {t.algorithm} needs trainer.teacher.model_path")
+    missing = advantage_spec(t).missing
+    if missing:
+        raise ConfigError(f"trainer advantage {advantage_name(t)} needs {missing}")
+    if t.masking.top_entropy_quantile < 1 and data_world > 1:
+        raise ConfigError(f"trainer.masking.top_entropy_quantile < 1 takes the quantile of the whole batch's "
+                          f"entropies; it runs on one data-parallel rank only (here {data_world})")
     check_profile(cfg)
     check_model_specs_place(cfg)
 

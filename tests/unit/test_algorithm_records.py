@@ -18,14 +18,20 @@ from rlfleet.config import (
 )
 from rlfleet.protocols import LossOutput, NeedsOldLogprobs, TrainBatch, ZeroAtZeroAdvantage
 from rlfleet.services.trainer.advantages import ADVANTAGES
-from rlfleet.services.trainer.algorithms import ADVANTAGE_FACTORIES, PRESETS, resolve, skips_zero_advantage
+from rlfleet.services.trainer.algorithms import (
+    ADVANTAGE_FACTORIES,
+    LOSS_FACTORIES,
+    PRESETS,
+    resolve,
+    skips_zero_advantage,
+)
 from rlfleet.services.trainer.losses import LOSSES
 from rlfleet.services.trainer.step import StepContext, uses_single_pass
 
 
 def test_the_sdk_records_and_the_trainer_registry_name_the_same_algorithms() -> None:
     assert set(ADVANTAGE_SPECS) == set(ADVANTAGE_FACTORIES) >= set(ADVANTAGES)
-    assert set(LOSS_NAMES) == set(LOSSES)
+    assert set(LOSS_NAMES) == set(LOSS_FACTORIES) >= set(LOSSES)
     assert PRESETS is ALGORITHM_PRESETS
     for name, preset in ALGORITHM_PRESETS.items():
         assert preset.name == name
@@ -39,17 +45,20 @@ def test_presets_are_the_documented_pairs() -> None:
     expected = {"grpo": ("grpo", "clipped_pg"), "rloo": ("rloo", "clipped_pg"), "drgrpo": ("drgrpo", "drgrpo"),
                 "gspo": ("grpo", "gspo"), "ppo": ("gae", "clipped_pg"), "reinforce_pp": ("reinforce_pp", "clipped_pg"),
                 "reinforce_pp_baseline": ("reinforce_pp_baseline", "clipped_pg"), "dapo": ("grpo", "dapo"),
-                "distill": ("distill", "clipped_pg"), "sft": ("sft", "sft")}
+                "distill": ("distill", "clipped_pg"), "sft": ("sft", "sft"), "cispo": ("grpo", "cispo"),
+                "gpg": ("gpg", "gpg"), "clip_cov": ("grpo", "clip_cov"), "kl_cov": ("grpo", "kl_cov"),
+                "opo": ("opo", "clipped_pg")}
     assert {n: (p.advantage, p.loss) for n, p in ALGORITHM_PRESETS.items()} == expected
 
 
 def test_what_each_algorithm_needs() -> None:
-    groups = {"grpo", "dapo", "gspo", "drgrpo", "reinforce_pp_baseline", "rloo"}
+    groups = {"grpo", "dapo", "gspo", "drgrpo", "reinforce_pp_baseline", "rloo", "cispo", "gpg", "clip_cov", "kl_cov",
+              "opo"}
     assert {n for n in ALGORITHM_PRESETS if needs_groups(n)} == groups
     assert not needs_groups("no_such_preset")
     assert {n for n in ALGORITHM_PRESETS if needs_critic(TrainerConfig(algorithm=n))} == {"ppo"}
     assert {n for n in ALGORITHM_PRESETS if needs_teacher(TrainerConfig(algorithm=n))} == {"distill"}
-    reward_only = {"grpo", "rloo", "drgrpo", "reinforce_pp", "reinforce_pp_baseline"}
+    reward_only = {"grpo", "rloo", "drgrpo", "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg"}
     assert {n for n, s in ADVANTAGE_SPECS.items() if s.reward_only} == reward_only
     # trainer.advantage overrides the preset's; a plugin's advantage reads nothing declared
     assert needs_critic(TrainerConfig(algorithm="grpo", advantage="gae"))

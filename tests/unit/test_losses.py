@@ -13,6 +13,7 @@ from rlfleet.protocols import LossOutput, TrainBatch
 from rlfleet.services.trainer.advantages import grpo
 from rlfleet.services.trainer.algorithms import resolve
 from rlfleet.services.trainer.losses import ClippedPolicyLoss, EntropyTerm, importance_weights
+from rlfleet.services.trainer.metric_reduce import empty_value
 from tests.support.train_batches import train_batch
 
 
@@ -97,7 +98,7 @@ def test_fully_masked_and_empty_batches_give_zero_loss_with_a_graph() -> None:
     loss_fn = ClippedPolicyLoss()
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     out = loss_fn(logp, torch.ones(1, 2), _batch([[0.0, 0.0]], [[-3.0, 0.0]], [[0.0, -9.0]]), 0.0)
-    assert out.loss.item() == 0.0 and all(v == 0.0 for v in out.metrics.values())
+    assert out.loss.item() == 0.0 and all(v == empty_value(k) for k, v in out.metrics.items())   # +-inf: min / max
     out.loss.backward()
     assert torch.equal(logp.grad, torch.zeros(1, 2))
     empty = torch.zeros(2, 0, requires_grad=True)

@@ -22,6 +22,7 @@ from rlfleet.services.trainer.losses import (
     SftLoss,
     kl_estimate,
 )
+from rlfleet.services.trainer.metric_reduce import empty_value
 from rlfleet.services.trainer.step_totals import effective_sample_size
 from tests.support.train_batches import train_batch
 
@@ -32,6 +33,7 @@ REF = [[-0.9, -2.2, -0.7], [-0.4, -2.0, -1.0], [-1.0, -1.0, -1.0]]
 ADV = [[1.5, 1.5, 1.5], [-0.7, -0.7, -0.7], [0.0, 0.0, 0.0]]
 MASK = [[1, 1, 0], [1, 1, 1], [0, 0, 0]]          # row 2: an empty response (fully masked)
 TIS = TisConfig(mode="tis", clip=1.3)
+GEO = TisConfig(mode="tis", clip=1.3, level="geometric")
 
 
 def _batch(mask: list[list[int]] = MASK, /, **extras: float) -> TrainBatch:
@@ -124,12 +126,13 @@ def _ref_gspo(low: float, high: float, seqs: float) -> float:
 
 
 def test_gspo_sequence_ratio_and_gradient() -> None:
-    out, grad = _run(GspoLoss(3e-4, 4e-4, TIS))
+    # geometric-mean TIS weights here; every tis.level against its own reference: tests/unit/test_gspo_tis.py
+    out, grad = _run(GspoLoss(3e-4, 4e-4, GEO))
     assert out.loss.item() == pytest.approx(_ref_gspo(3e-4, 4e-4, 2.0), abs=1e-6)      # 2 non-empty sequences
-    out, _ = _run(GspoLoss(3e-4, 4e-4, TIS), **{SEQ_COUNT: 4.0})
+    out, _ = _run(GspoLoss(3e-4, 4e-4, GEO), **{SEQ_COUNT: 4.0})
     assert out.loss.item() == pytest.approx(_ref_gspo(3e-4, 4e-4, 4.0), abs=1e-6)
     # a wide clip range: d loss / d logp[i, j] = -A_i * s_i * w_i / |y_i| / seqs, the same for every token of i
-    out, grad = _run(GspoLoss(10.0, 10.0, TIS))
+    out, grad = _run(GspoLoss(10.0, 10.0, GEO))
     assert out.loss.item() == pytest.approx(_ref_gspo(10.0, 10.0, 2.0), abs=1e-6)
     s0 = math.exp(((LOGP[0][0] - OLD[0][0]) + (LOGP[0][1] - OLD[0][1])) / 2)
     w0 = min(math.exp(((OLD[0][0] - ROLL[0][0]) + (OLD[0][1] - ROLL[0][1])) / 2), TIS.clip)
@@ -166,7 +169,7 @@ def test_fully_masked_and_empty_batches_give_zero_loss_with_a_graph(loss_fn) -> 
     logp = torch.tensor(LOGP, requires_grad=True)
     mask = [[0, 0, 0]] * 3
     out = loss_fn(logp, torch.tensor(ADV), _batch(mask), 0.0)
-    assert out.loss.item() == 0.0 and all(v == 0.0 for v in out.metrics.values())
+    assert out.loss.item() == 0.0 and all(v == empty_value(k) for k, v in out.metrics.items())   # +-inf: min / max
     out.loss.backward()
     assert torch.equal(logp.grad, torch.zeros(3, 3))
     empty = torch.zeros(3, 0, requires_grad=True)

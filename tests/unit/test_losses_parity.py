@@ -22,6 +22,7 @@ from rlfleet.services.trainer.losses import (
     SEQ_COUNT,
     ClippedPolicyLoss,
     EntropyTerm,
+    GspoLoss,
     KlPenalizedLoss,
     SftLoss,
     kl_estimate,
@@ -142,8 +143,8 @@ def test_every_aggregation_mode_by_hand(mode: str, alias: str | None, empty_rows
 def test_unknown_aggregation_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="trainer.policy_loss.agg"):
         ClippedPolicyLoss(agg="seq-max")
-    with pytest.raises(ValueError, match="gspo"):
-        resolve(TrainerConfig(algorithm="gspo", policy_loss={"agg": "token-sum"}))
+    with pytest.raises(ValueError, match="trainer.policy_loss.agg"):
+        GspoLoss(agg="seq-max")
 
 
 def test_entropy_from_the_logits_and_the_bonus() -> None:

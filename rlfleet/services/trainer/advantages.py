@@ -51,10 +51,11 @@ def _batch_std(rewards: torch.Tensor, reduce_sum: ReduceSum) -> float:
 
 
 def group_normalized_rewards(rewards: torch.Tensor, group_index: torch.Tensor, eps: float = GRPO_EPS,
-                             scale: bool | str = True, reduce_sum: ReduceSum = _local_sum) -> torch.Tensor:
+                             scale: bool | str = True, reduce_sum: ReduceSum = _local_sum,
+                             single: str = "reward") -> torch.Tensor:
     """(r - mean_g) / (std + eps): std per group (scale True / "group"; the unbiased sample std), over the global
     batch ("batch", TRL's scale_rewards="batch"), or none (False / "none": r - mean_g). A one-sample group has no
-    baseline: its advantage is the raw reward (verl).
+    baseline: its advantage is the raw reward (single "reward", verl) or 0 (single "zero": TRL, r - its own mean).
 
     rewards: [S] float; group_index: [S] int64 in 0..G-1. Returns [S] float32.
     """
@@ -63,7 +64,7 @@ def group_normalized_rewards(rewards: torch.Tensor, group_index: torch.Tensor, e
         return rewards.clone()
     mode = "group" if scale is True else "none" if scale is False else scale
     count, mean, std = _group_stats(rewards, group_index)
-    single = count < 2
+    alone = count < 2
     centered = rewards - mean                                                       # [S]
     if mode == "group":
         centered = centered / (std + eps)
@@ -71,7 +72,9 @@ def group_normalized_rewards(rewards: torch.Tensor, group_index: torch.Tensor, e
         centered = centered / (_batch_std(rewards, reduce_sum) + eps)
     elif mode != "none":
         raise ValueError(f"trainer.estimator.scale_rewards {mode!r}: group, batch or none")
-    return torch.where(single, rewards, centered)
+    if single not in ("reward", "zero"):
+        raise ValueError(f"trainer.estimator.single_sample {single!r}: reward or zero")
+    return torch.where(alone, rewards if single == "reward" else torch.zeros_like(rewards), centered)
 
 
 def rloo_rewards(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
@@ -89,18 +92,27 @@ def _broadcast(per_sample: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
     return per_sample[:, None] * batch.response_mask.to(torch.float32)             # [S] -> [S, T]
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, reduce_sum: ReduceSum = _local_sum,
-                  eps: float = WHITEN_EPS) -> torch.Tensor:
-    """(x - mean) / (std + eps) over the masked tokens of the (global) batch; 0 where mask is 0.
+WHITEN_STD = ("population", "bessel")
 
-    x, mask: [S, T]. The population std of the tokens (all equal -> 0 advantages).
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, reduce_sum: ReduceSum = _local_sum,
+                  eps: float = WHITEN_EPS, std: str = "population") -> torch.Tensor:
+    """Whiten x over the masked tokens of the (global) batch; 0 where mask is 0. x, mask: [S, T].
+
+    std "population": (x - mean) / (sqrt(var) + eps), var the population variance (all equal -> 0 advantages);
+    "bessel": verl's masked_whiten, (x - mean) * rsqrt(var * n / (n - 1) + eps) (one token: the population var).
     """
+    if std not in WHITEN_STD:
+        raise ValueError(f"trainer.estimator.whiten_std {std!r}: population or bessel")
     m = mask.to(torch.float32)
     n, total = reduce_sum([float(m.sum()), float((x * m).sum())])
     if n <= 0:
         return torch.zeros_like(x)
     mean = total / n
     var = reduce_sum([float((((x - mean) ** 2) * m).sum())])[0] / n
+    if std == "bessel":
+        var = var * n / (n - 1) if n > 1 else var
+        return (x - mean) / (var + eps) ** 0.5 * m
     return (x - mean) / (var ** 0.5 + eps) * m
 
 
@@ -145,10 +157,13 @@ class Grpo:
     scale_rewards: "group" (per-group std), "batch" (std of the global batch) or "none" (Dr. GRPO)."""
 
     scale_rewards: str = "group"
+    std_eps: float = GRPO_EPS
+    single_sample: str = "reward"
 
     def __call__(self, batch: TrainBatch) -> torch.Tensor:
-        adv = group_normalized_rewards(sequence_scores(batch), batch.group_index, scale=self.scale_rewards,
-                                       reduce_sum=_reduce(batch))
+        adv = group_normalized_rewards(sequence_scores(batch), batch.group_index, eps=self.std_eps,
+                                       scale=self.scale_rewards, reduce_sum=_reduce(batch),
+                                       single=self.single_sample)
         return _broadcast(adv, batch)
 
 
@@ -180,19 +195,28 @@ class ReinforcePP:
     whitened over the global batch. -> [S, T]"""
 
     gamma: float = 1.0
+    whiten_std: str = "population"
 
     def __call__(self, batch: TrainBatch) -> torch.Tensor:
         returns = discounted_returns(token_rewards(batch), batch.response_mask, self.gamma)
-        return masked_whiten(returns, batch.response_mask, _reduce(batch))
+        return masked_whiten(returns, batch.response_mask, _reduce(batch), std=self.whiten_std)
 
 
 reinforce_pp = ReinforcePP(1.0)
 
 
-def reinforce_pp_baseline(batch: TrainBatch) -> torch.Tensor:
+@dataclass(frozen=True)
+class ReinforcePPBaseline:
     """REINFORCE++-baseline: score - mean_g (group baseline), then whitened over the global batch. -> [S, T]"""
-    centered = group_normalized_rewards(sequence_scores(batch), batch.group_index, scale=False)     # [S]
-    return masked_whiten(_broadcast(centered, batch), batch.response_mask, _reduce(batch))
+
+    whiten_std: str = "population"
+
+    def __call__(self, batch: TrainBatch) -> torch.Tensor:
+        centered = group_normalized_rewards(sequence_scores(batch), batch.group_index, scale=False)     # [S]
+        return masked_whiten(_broadcast(centered, batch), batch.response_mask, _reduce(batch), std=self.whiten_std)
+
+
+reinforce_pp_baseline = ReinforcePPBaseline()
 
 
 def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
@@ -234,8 +258,8 @@ class Gae:
     """PPO with a critic: GAE from batch.values [S, T], whitened over the global batch; leaves the critic's targets
     (unwhitened advantages + values) in batch.extras["returns"]."""
 
-    def __init__(self, gamma: float = 1.0, lam: float = 0.95) -> None:
-        self.gamma, self.lam = gamma, lam
+    def __init__(self, gamma: float = 1.0, lam: float = 0.95, whiten_std: str = "population") -> None:
+        self.gamma, self.lam, self.whiten_std = gamma, lam, whiten_std
 
     def __call__(self, batch: TrainBatch) -> torch.Tensor:
         if batch.values is None:
@@ -244,7 +268,7 @@ class Gae:
         adv, returns = gae_advantages(batch.rewards, batch.values, batch.response_mask, self.gamma, self.lam,
                                       token_level)
         batch.extras[RETURNS] = returns
-        return masked_whiten(adv, batch.response_mask, _reduce(batch))
+        return masked_whiten(adv, batch.response_mask, _reduce(batch), std=self.whiten_std)
 
 
 def distill(batch: TrainBatch) -> torch.Tensor:

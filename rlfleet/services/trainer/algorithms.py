@@ -15,15 +15,25 @@ resolves those names to the implementations: ADVANTAGE_FACTORIES and losses.LOSS
 | dapo                  | grpo                   | dapo        | buffer.filters: [dynamic_sampling]             |
 | distill               | distill (reverse KL)   | clipped_pg  | trainer.teacher.model_path                     |
 | sft                   | sft                    | sft         |                                                |
+| cispo                 | grpo                   | cispo       | trainer.clip_low / clip_high (loss_variants.py) |
+| gpg                   | gpg                    | gpg         | (advantages_baselines.py)                      |
+| clip_cov              | grpo                   | clip_cov    | trainer.clip_cov                               |
+| kl_cov                | grpo                   | kl_cov      | trainer.kl_cov                                 |
+| opo                   | opo (length-weighted)  | clipped_pg  |                                                |
+
+ReMax (trainer.advantage: remax) is registered and refused at check time (advantages_baselines.py says why).
+trainer.masking wraps the loss in TRL's entropy / off-policy masks (loss_masks.py); trainer.convention sets the verl
+or TRL conventions of the KL and entropy terms and the estimators (docs/algorithms.md).
 
 DAPO over-samples through the buffer: buffer.over_sample issues up to ceil(over_sample * groups_per_step) groups
 per step up front, a group the dynamic_sampling filter drops frees its place for a replacement ticket, and once the
 step's batch is full the groups still in flight that no step can use are cancelled (their engine requests aborted),
 so every step gets groups_per_step informative groups without waiting on replacements one at a time.
 trainer.kl.coef > 0 wraps the loss in a KL penalty against the reference model (k1 / k2 / k3 / abs, "+" variants,
-optionally ratio-weighted), or with kl.in_reward puts -coef * KL(old || ref) into the per-token rewards the estimator
-reads. Every loss is wrapped in an EntropyTerm: the policy's entropy is a metric every step, and
-trainer.policy_loss.entropy_coef > 0 adds the entropy bonus.
+optionally ratio-weighted; a token mean or aggregated like the policy loss: trainer.kl.agg), or with kl.in_reward
+puts -coef * KL(old || ref) into the per-token rewards the estimator reads. Every loss is wrapped in an
+EntropyTerm: the policy's entropy is a metric every step, and trainer.policy_loss.entropy_coef > 0 adds the entropy
+bonus (trainer.policy_loss.entropy_agg).
 """
 
 from __future__ import annotations
@@ -37,8 +47,21 @@ from rlfleet.config import ALGORITHM_PRESETS as PRESETS
 from rlfleet.config import TrainerConfig, needs_critic, needs_teacher, reads_only_rewards
 from rlfleet.plugins import PluginError, load_callable
 from rlfleet.protocols import AdvantageEstimator, LossFn, TrainBatch, ZeroAtZeroAdvantage
-from rlfleet.services.trainer.advantages import ADVANTAGES, TOKEN_REWARDS, Gae, Grpo, ReinforcePP
-from rlfleet.services.trainer.losses import LOSSES, EntropyTerm, kl_estimate, kl_penalized
+from rlfleet.services.trainer.advantages import (
+    ADVANTAGES,
+    TOKEN_REWARDS,
+    Gae,
+    Grpo,
+    ReinforcePP,
+    ReinforcePPBaseline,
+)
+from rlfleet.services.trainer.advantages_baselines import ESTIMATOR_FACTORIES
+from rlfleet.services.trainer.loss_masks import masked_loss
+from rlfleet.services.trainer.loss_variants import VARIANT_LOSSES
+from rlfleet.services.trainer.losses import LOSSES, entropy_term, kl_estimate, kl_penalized
+
+# every built-in loss: losses.LOSSES and verl's other policy losses (loss_variants.py)
+LOSS_FACTORIES: dict[str, Callable[[TrainerConfig], LossFn]] = {**LOSSES, **VARIANT_LOSSES}
 
 
 def _fixed(estimator: AdvantageEstimator) -> Callable[[TrainerConfig], AdvantageEstimator]:
@@ -49,9 +72,11 @@ def _fixed(estimator: AdvantageEstimator) -> Callable[[TrainerConfig], Advantage
 # losses.LOSSES; estimators without knobs are advantages.ADVANTAGES' instances, the others read their sub-sections
 ADVANTAGE_FACTORIES: dict[str, Callable[[TrainerConfig], AdvantageEstimator]] = {
     **{name: _fixed(estimator) for name, estimator in ADVANTAGES.items()},
-    "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam),
-    "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards),
-    "reinforce_pp": lambda cfg: ReinforcePP(cfg.estimator.gamma),
+    "gae": lambda cfg: Gae(cfg.critic.gamma, cfg.critic.lam, cfg.estimator.whiten_std),
+    "grpo": lambda cfg: Grpo(cfg.estimator.scale_rewards, cfg.estimator.std_eps, cfg.estimator.single_sample),
+    "reinforce_pp": lambda cfg: ReinforcePP(cfg.estimator.gamma, cfg.estimator.whiten_std),
+    "reinforce_pp_baseline": lambda cfg: ReinforcePPBaseline(cfg.estimator.whiten_std),
+    **ESTIMATOR_FACTORIES,
 }
 
 
@@ -83,11 +108,11 @@ def resolve_advantage(name: str, cfg: TrainerConfig | None = None) -> AdvantageE
 
 
 def resolve_loss(name: str, cfg: TrainerConfig) -> LossFn:
-    if name in LOSSES:
-        return LOSSES[name](cfg)
+    if name in LOSS_FACTORIES:
+        return LOSS_FACTORIES[name](cfg)
     if ":" in name:
         return load_callable(name, "trainer.loss", LossFn)
-    raise PluginError(f"loss '{name}': not a built-in ({', '.join(sorted(LOSSES))}) "
+    raise PluginError(f"loss '{name}': not a built-in ({', '.join(sorted(LOSS_FACTORIES))}) "
                       "nor a dotted path 'package.module:attribute'")
 
 
@@ -97,12 +122,13 @@ def resolve(cfg: TrainerConfig) -> tuple[AdvantageEstimator, LossFn]:
         raise PluginError(f"trainer.algorithm '{cfg.algorithm}': unknown preset (known: {', '.join(sorted(PRESETS))})")
     preset = PRESETS[cfg.algorithm]
     advantage = resolve_advantage(cfg.advantage or preset.advantage, cfg)
-    loss = resolve_loss(cfg.loss or preset.loss, cfg)
+    loss_name = cfg.loss or preset.loss
+    loss = masked_loss(resolve_loss(loss_name, cfg), cfg.masking)
     if cfg.kl.coef > 0 and cfg.kl.in_reward:
         advantage = KlInReward(advantage, cfg.kl.coef, cfg.kl.estimator)
     elif cfg.kl.coef > 0:
-        loss = kl_penalized(loss, cfg.kl, cfg.policy_loss)
-    return advantage, EntropyTerm(loss, cfg.policy_loss.entropy_coef)
+        loss = kl_penalized(loss, cfg, loss_name)
+    return advantage, entropy_term(loss, cfg, loss_name)
 
 
 def skips_zero_advantage(cfg: TrainerConfig, loss: LossFn) -> bool:
@@ -114,5 +140,5 @@ def skips_zero_advantage(cfg: TrainerConfig, loss: LossFn) -> bool:
         isinstance(loss, ZeroAtZeroAdvantage) and loss.zero_at_zero_advantage
 
 
-__all__ = ["ADVANTAGE_FACTORIES", "PRESETS", "KlInReward", "needs_critic", "needs_teacher", "resolve",
+__all__ = ["ADVANTAGE_FACTORIES", "LOSS_FACTORIES", "PRESETS", "KlInReward", "needs_critic", "needs_teacher", "resolve",
            "resolve_advantage", "resolve_loss", "skips_zero_advantage"]

@@ -37,6 +37,16 @@ def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]
     return t.cpu().tolist()
 
 
+def all_reduce_max_floats(values: Sequence[float], device: torch.device) -> list[float]:
+    """Elementwise max of `values` over ranks (float64 on the wire)."""
+    if not values:
+        return []
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu().tolist()
+
+
 def all_reduce_max(value: int, device: torch.device) -> int:
     """The largest of every rank's `value` (int64 on the wire); also a barrier. World size 1: `value`."""
     if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -2,6 +2,7 @@
 
 The forward leaves it in `batch.extras["entropy"]` ([S, T] float32): without a graph (a metric) unless
 `batch.extras["entropy_grad"]` is true and gradients are on (the entropy bonus, trainer.policy_loss.entropy_coef).
+high_entropy_mask picks TRL's top-entropy tokens (trainer.masking.top_entropy_quantile).
 """
 
 from __future__ import annotations
@@ -27,3 +28,13 @@ def record_entropy(batch: TrainBatch, logp: torch.Tensor) -> None:
         return
     with torch.no_grad():
         batch.extras[ENTROPY] = entropy_from_logprobs(logp.detach())
+
+
+def high_entropy_mask(entropy: torch.Tensor, valid: torch.Tensor, quantile: float) -> torch.Tensor:
+    """TRL's get_high_entropy_mask: entropy >= the (1 - quantile) quantile of the valid tokens' entropies, and
+    valid. entropy, valid: [S, T] -> [S, T] bool (none kept when no token is valid)."""
+    values = entropy.detach().float()[valid]
+    if values.numel() == 0:
+        return torch.zeros_like(valid)
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return (entropy.detach() >= threshold) & valid

@@ -1,6 +1,8 @@
 """Policy losses, each an `rlfleet.protocols.LossFn`. Built-in: the clipped policy-gradient loss (GRPO, DAPO's
 clip-higher, PPO, REINFORCE++, RLOO, distillation) with verl's dual-clip, Dr. GRPO's constant-normalised sum, GSPO's
-sequence-level ratio, SFT, a KL penalty against the reference model and an entropy term wrapped around any of them.
+sequence-level ratio, SFT, a KL penalty against the reference model and an entropy term wrapped around any of them
+(each aggregated as a token mean or like the policy loss: trainer.kl.agg, trainer.policy_loss.entropy_agg). verl's
+other losses are in loss_variants.py, TRL's masks in loss_masks.py, the verl / TRL conventions in docs/algorithms.md.
 
 Aggregation (`trainer.policy_loss.agg`, verl's `loss_agg_mode`; TRL's `loss_type` names are aliases) is over the
 *global* batch, each rank returning its share so that the ranks' losses sum to the loss of the whole batch:
@@ -26,20 +28,23 @@ rollout log-ratio the same, k3 to +-policy_loss.kl_clamp: no NaN or inf from ext
 Rollout correction against the rollout engine's logprobs (`trainer.tis`): truncated importance sampling (tis) or
 masked IS (icepop / mask: weight 0 outside [low, clip]), of the token ratio, the sequence ratio (product) or its
 geometric mean; metrics is_ratio_mean (the raw token ratio), tis_weight_mean / tis_weight_sq_mean (-> effective
-sample size, computed by the trainer), tis_clip_fraction (tokens truncated or masked), logprob_abs_diff =
-|old - rollout|, and for the sequence levels tis_seq_ratio_mean (the sequences' ratio, a global sequence mean).
+sample size, computed by the trainer), tis_weight_min / tis_weight_max (over the valid tokens), tis_clip_fraction
+(tokens truncated or masked), logprob_abs_diff = |old - rollout|, and for the sequence levels tis_seq_ratio_mean (the
+sequences' ratio, a global sequence mean). The clipped loss also reports TRL's per-sequence clip_fraction_low_min and
+clip_fraction_high_max. A metric ending in _min / _max is an extreme, combined by min / max (metric_reduce.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from rlfleet.config import KlConfig, PolicyLossConfig, TisConfig, TrainerConfig
+from rlfleet.config import PolicyLossConfig, TisConfig, TrainerConfig
 from rlfleet.protocols import LossFn, LossOutput, TrainBatch, ZeroAtZeroAdvantage
-from rlfleet.services.trainer.entropy import ENTROPY
+from rlfleet.services.trainer.entropy import ENTROPY, high_entropy_mask
 
 SEQ_COUNT = "seq_count"
 ROW_COUNT = "row_count"
@@ -149,17 +154,40 @@ def _token_share(valid: torch.Tensor, denom: float) -> Callable[[torch.Tensor], 
     return share
 
 
+def masked_extreme(x: torch.Tensor, keep: torch.Tensor, largest: bool) -> float:
+    """The max (largest) or min of x where keep; -inf / +inf when nothing is kept (the trainer reduces the ranks'
+    values with max / min and reports 0 where no rank had one: metric_reduce.py)."""
+    values = x.detach().float()[keep]
+    if values.numel() == 0:
+        return -math.inf if largest else math.inf
+    return float(values.max() if largest else values.min())
+
+
 def off_policy_metrics(share: Callable[[torch.Tensor], torch.Tensor], old: torch.Tensor, rollout: torch.Tensor,
-                       weights: torch.Tensor, weight_clipped: torch.Tensor) -> dict[str, float]:
-    """Ratio statistics of the trainer's vs the rollout engine's policy, as shares of global means."""
+                       weights: torch.Tensor, weight_clipped: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    """Ratio statistics of the trainer's vs the rollout engine's policy, as shares of global means, and the
+    weights' min / max over the valid tokens (TRL's sampling/importance_sampling_ratio/min, /max)."""
     log_ratio = (old.detach().float() - rollout.float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return {
         "is_ratio_mean": float(share(torch.exp(log_ratio))),
         "tis_weight_mean": float(share(weights)),
         "tis_weight_sq_mean": float(share(weights * weights)),
+        "tis_weight_min": masked_extreme(weights, valid, largest=False),
+        "tis_weight_max": masked_extreme(weights, valid, largest=True),
         "tis_clip_fraction": float(share(weight_clipped)),
         "logprob_abs_diff": float(share((old.detach() - rollout).abs())),
     }
+
+
+def sequence_clip_extremes(low: torch.Tensor, high: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    """TRL's clip_ratio/low_min and clip_ratio/high_max: per sequence, the fraction of its tokens clipped low
+    (high); then the smallest low and the largest high over the sequences with a valid token. low, high, valid
+    [S, T] bool."""
+    lengths = valid.sum(1)                                                            # [S]
+    has = lengths > 0
+    per_seq = lambda x: (x & valid).sum(1).float() / lengths.clamp(min=1)             # noqa: E731 - [S, T] -> [S]
+    return {"clip_fraction_low_min": masked_extreme(per_seq(low), has, largest=False),
+            "clip_fraction_high_max": masked_extreme(per_seq(high), has, largest=True)}
 
 
 @dataclass(frozen=True)
@@ -215,15 +243,17 @@ class ClippedPolicyLoss:
         weights, weight_clipped, seq_metrics = rollout_weights(old, batch.rollout_logprobs, batch, self.tis)
         loss = aggregate(per_token * weights, batch, token_count, self.agg, self.empty_rows, self.max_tokens)
         r = ratio.detach()
+        low, high = (r < 1.0 - self.clip_low) & negative, (r > 1.0 + self.clip_high) & (advantages > 0)
         metrics = {
             "pg_loss": float(loss.detach()),
             "ratio_mean": float(share(r)),
             "clip_fraction": float(share((clipped > unclipped).detach())),
-            "clip_fraction_low": float(share((r < 1.0 - self.clip_low) & negative)),
-            "clip_fraction_high": float(share((r > 1.0 + self.clip_high) & (advantages > 0))),
+            "clip_fraction_low": float(share(low)),
+            "clip_fraction_high": float(share(high)),
+            **sequence_clip_extremes(low, high, valid),
             "dual_clip_fraction": float(share(dual.detach())),
             "ppo_kl": float(share(-log_ratio.detach())),
-            **off_policy_metrics(share, old, batch.rollout_logprobs, weights, weight_clipped),
+            **off_policy_metrics(share, old, batch.rollout_logprobs, weights, weight_clipped, valid),
             **seq_metrics,
         }
         return LossOutput(loss=loss, metrics=metrics)
@@ -231,47 +261,61 @@ class ClippedPolicyLoss:
 
 @dataclass(frozen=True)
 class GspoLoss:
-    """GSPO: one importance ratio per sequence, s_i = exp(mean_t(logp - old)), clipped to [1 - low, 1 + high];
-    loss = mean over the global batch's sequences of -min(s_i A_i, clip(s_i) A_i), A_i = the mean token advantage
-    (its own aggregation: seq-mean-token-mean; sequences counted by the empty-row rule).
-    TIS at sequence level: w_i = weight of exp(mean_t(old - rollout))."""
+    """GSPO as verl computes it: per token the sequence ratio s_i = exp(mean_t(logp - old)) with the token's own
+    gradient (log s_i,t = sg[log s_i] + logp_t - sg[logp_t]), loss_t = max(-A_t s_i, -A_t clip(s_i, 1 - low,
+    1 + high)), times the rollout-correction weights of trainer.tis at its level (token ratios, the sequence's
+    product or its geometric mean), aggregated by `agg` (verl's and this loss's default seq-mean-token-mean; verl's
+    token-mean and every other mode too). clip_fraction counts sequences (TRL; the sequence's mean advantage
+    decides its side) or tokens (verl): trainer.gspo.clip_fraction."""
 
     clip_low: float = 3e-4
     clip_high: float = 4e-4
     tis: TisConfig = TisConfig()
     empty_rows: str = "exclude"
     log_ratio_clamp: float = LOG_RATIO_CLAMP
+    agg: str = "seq-mean-token-mean"
+    max_tokens: int = 0
+    clip_fraction: str = "sequence"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "agg", canonical_agg(self.agg))
+        if self.clip_fraction not in ("sequence", "token"):
+            raise ValueError(f"trainer.gspo.clip_fraction {self.clip_fraction!r}: sequence or token")
 
     def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
                  token_count: float) -> LossOutput:
-        m = batch.response_mask.to(torch.float32)                                     # [S, T]
-        valid = m > 0
-        lengths = m.sum(1)                                                            # [S]
+        valid = batch.response_mask > 0                                               # [S, T]
+        lengths = valid.sum(1)                                                        # [S]
         has = lengths > 0                                                             # [S]
-        n = lengths.clamp(min=1)
+        n = lengths.clamp(min=1).to(torch.float32)
         old = _old(logprobs, batch)
         zero = torch.zeros((), device=logprobs.device)
         mean_of = lambda x: torch.where(valid, x.float(), zero).sum(1) / n            # noqa: E731 - [S, T] -> [S]
-        log_s = mean_of(logprobs - old).clamp(-self.log_ratio_clamp, self.log_ratio_clamp)   # [S]
-        seq_ratio = torch.exp(log_s)                                                  # [S]
-        adv = mean_of(advantages)                                                     # [S]
-        unclipped = -adv * seq_ratio
-        clipped = -adv * torch.clamp(seq_ratio, 1.0 - self.clip_low, 1.0 + self.clip_high)
-        per_seq = torch.maximum(unclipped, clipped)                                   # [S]
-        weights, weight_clipped = importance_weights(mean_of(old), mean_of(batch.rollout_logprobs), self.tis)
+        seq_log = mean_of(logprobs.detach() - old)                                    # [S] sg[log s_i]
+        log_s = (logprobs - logprobs.detach() + seq_log[:, None]).clamp(-self.log_ratio_clamp, self.log_ratio_clamp)
+        ratio = torch.exp(log_s)                                                      # [S, T] value s_i
+        unclipped = -advantages * ratio                                               # [S, T]
+        clipped = -advantages * torch.clamp(ratio, 1.0 - self.clip_low, 1.0 + self.clip_high)
+        per_token = torch.maximum(unclipped, clipped)                                 # [S, T]
+        weights, weight_clipped, seq_metrics = rollout_weights(old, batch.rollout_logprobs, batch, self.tis)
+        loss = aggregate(per_token * weights, batch, token_count, self.agg, self.empty_rows, self.max_tokens)
         seqs = sequence_count(batch, self.empty_rows)
-        seq_share = lambda x: torch.where(has, x.float(), zero).sum() / seqs         # noqa: E731
-        loss = seq_share(per_seq * weights)
-        share = _token_share(valid, token_count)
-        tok_w, tok_clipped = importance_weights(old, batch.rollout_logprobs, self.tis)
+        seq_share = lambda x: torch.where(has, x.float(), zero).sum() / seqs         # noqa: E731 - [S] -> share
+        share = _token_share(valid, metric_tokens(batch, token_count))
+        seq_ratio = torch.exp(seq_log.clamp(-self.log_ratio_clamp, self.log_ratio_clamp))   # [S]
+        if self.clip_fraction == "token":
+            clip_fraction = share((clipped > unclipped).detach())
+        else:
+            adv = mean_of(advantages)                                                 # [S]
+            bounded = torch.clamp(seq_ratio, 1.0 - self.clip_low, 1.0 + self.clip_high)
+            clip_fraction = seq_share(-adv * bounded > -adv * seq_ratio)
         metrics = {
             "pg_loss": float(loss.detach()),
-            "ratio_mean": float(seq_share(seq_ratio.detach())),
-            "clip_fraction": float(seq_share((clipped > unclipped).detach())),
+            "ratio_mean": float(seq_share(seq_ratio)),
+            "clip_fraction": float(clip_fraction),
             "ppo_kl": float(share(old - logprobs.detach())),
-            "seq_tis_weight_mean": float(seq_share(weights)),
-            "seq_tis_clip_fraction": float(seq_share(weight_clipped)),
-            **off_policy_metrics(share, old, batch.rollout_logprobs, tok_w, tok_clipped),
+            **off_policy_metrics(share, old, batch.rollout_logprobs, weights, weight_clipped, valid),
+            **seq_metrics,
         }
         return LossOutput(loss=loss, metrics=metrics)
 
@@ -318,10 +362,13 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
 
 @dataclass(frozen=True)
 class KlPenalizedLoss:
-    """inner loss + coef * global token mean of the KL estimate against batch.ref_logprobs.
+    """inner loss + coef * the KL estimate against batch.ref_logprobs, aggregated by `agg`: a global token mean
+    (trainer.kl.agg token-mean) or the policy loss's mode (kl.agg policy: verl's agg_loss(kld, loss_agg_mode),
+    TRL's per_token_loss + beta * per_token_kl), with `empty_rows` and `max_tokens` as the policy loss has them.
 
     ratio_weighted (TRL's use_bias_correction_kl): each token's KL times the ratio pi/pi_old (with its gradient), the
-    importance correction for tokens sampled from pi_old."""
+    importance correction for tokens sampled from pi_old. The metric kl is a global token mean of the plain
+    estimate, or of the weighted one with logged "weighted" (TRL)."""
 
     inner: LossFn
     coef: float
@@ -329,6 +376,13 @@ class KlPenalizedLoss:
     ratio_weighted: bool = False
     log_ratio_clamp: float = LOG_RATIO_CLAMP
     kl_clamp: float = KL_CLAMP
+    agg: str = "token-mean"
+    empty_rows: str = "exclude"
+    max_tokens: int = 0
+    logged: str = "plain"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "agg", canonical_agg(self.agg))
 
     def __call__(self, logprobs: torch.Tensor, advantages: torch.Tensor, batch: TrainBatch,
                  token_count: float) -> LossOutput:
@@ -337,21 +391,32 @@ class KlPenalizedLoss:
             raise ValueError("a KL penalty needs reference logprobs (trainer.kl.coef > 0 loads the reference model)")
         share = _token_share(batch.response_mask > 0, token_count)
         per_token = kl_estimate(logprobs, batch.ref_logprobs, self.estimator, self.log_ratio_clamp, self.kl_clamp)
-        metrics = {"kl": float(share(per_token.detach()))}
+        plain = per_token.detach()                                                    # [S, T]
         if self.ratio_weighted:
             log_ratio = torch.clamp(logprobs - _old(logprobs, batch), -self.log_ratio_clamp, self.log_ratio_clamp)
-            per_token = per_token * torch.exp(log_ratio)
-        kl = share(per_token)
-        return LossOutput(loss=out.loss + self.coef * kl, metrics={**out.metrics, **metrics})
+            per_token = per_token * torch.exp(log_ratio)                              # [S, T]
+        logged = per_token.detach() if self.logged == "weighted" else plain
+        kl = aggregate(per_token, batch, token_count, self.agg, self.empty_rows, self.max_tokens)
+        return LossOutput(loss=out.loss + self.coef * kl, metrics={**out.metrics, "kl": float(share(logged))})
 
 
 @dataclass(frozen=True)
 class EntropyTerm:
-    """inner loss - coef * global token mean of the policy's entropy (from the logits: batch.extras["entropy"]
-    [S, T], filled by the forward); reports "entropy" as a metric whenever the forward provided it."""
+    """inner loss - coef * the policy's entropy (from the logits: batch.extras["entropy"] [S, T], filled by the
+    forward), aggregated by `agg`: a global token mean (TRL) or the policy loss's mode (verl's agg_loss(entropy,
+    loss_agg_mode)); reports "entropy", a global token mean, as a metric whenever the forward provided it.
+    top_entropy_quantile < 1 (trainer.masking): the bonus covers the tokens the entropy mask keeps (TRL 1.16's
+    effective_mask), a mean over those tokens with token-mean aggregation (one data-parallel rank: the check)."""
 
     inner: LossFn
     coef: float = 0.0
+    agg: str = "token-mean"
+    empty_rows: str = "exclude"
+    max_tokens: int = 0
+    top_entropy_quantile: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "agg", canonical_agg(self.agg))
 
     @property
     def zero_at_zero_advantage(self) -> bool:
@@ -368,9 +433,19 @@ class EntropyTerm:
                                  "(this backend does not provide it)")
             return out
         valid = batch.response_mask > 0
-        loss = out.loss - self.coef * _token_share(valid, token_count)(entropy) if self.coef > 0 else out.loss
+        loss = out.loss - self.coef * self._bonus(entropy, batch, token_count) if self.coef > 0 else out.loss
         mean = _token_share(valid, metric_tokens(batch, token_count))(entropy.detach())
         return LossOutput(loss=loss, metrics={**out.metrics, "entropy": float(mean)})
+
+    def _bonus(self, entropy: torch.Tensor, batch: TrainBatch, token_count: float) -> torch.Tensor:
+        """The aggregated entropy (entropy [S, T]) the bonus maximises."""
+        if self.top_entropy_quantile >= 1.0:
+            return aggregate(entropy, batch, token_count, self.agg, self.empty_rows, self.max_tokens)
+        keep = high_entropy_mask(entropy, batch.response_mask > 0, self.top_entropy_quantile)     # [S, T]
+        kept = torch.where(keep, entropy, torch.zeros((), device=entropy.device))
+        if self.agg == "token-mean":
+            return kept.sum() / max(float(keep.sum()), 1.0)
+        return aggregate(kept, batch, token_count, self.agg, self.empty_rows, self.max_tokens)
 
 
 def _clipped(cfg: TrainerConfig, clip_high: float, agg: str) -> ClippedPolicyLoss:
@@ -394,20 +469,39 @@ def drgrpo(cfg: TrainerConfig) -> LossFn:
 
 
 def gspo(cfg: TrainerConfig) -> LossFn:
-    agg = cfg.policy_loss.agg
-    if agg is not None and canonical_agg(agg) != "seq-mean-token-mean":
-        raise ValueError(f"trainer.loss gspo aggregates seq-mean-token-mean; trainer.policy_loss.agg {agg!r} "
-                         "does not apply to it")
     return GspoLoss(clip_low=cfg.gspo.clip[0], clip_high=cfg.gspo.clip[1], tis=cfg.tis,
-                    empty_rows=cfg.policy_loss.empty_rows, log_ratio_clamp=cfg.policy_loss.log_ratio_clamp)
+                    empty_rows=cfg.policy_loss.empty_rows, log_ratio_clamp=cfg.policy_loss.log_ratio_clamp,
+                    agg=cfg.policy_loss.agg or "seq-mean-token-mean", max_tokens=cfg.drgrpo.max_tokens,
+                    clip_fraction=cfg.gspo.clip_fraction)
 
 
 def sft(cfg: TrainerConfig) -> LossFn:
     return SftLoss()
 
 
-def kl_penalized(loss: LossFn, kl: KlConfig, p: PolicyLossConfig) -> LossFn:
-    return KlPenalizedLoss(loss, kl.coef, kl.estimator, kl.ratio_weighted, p.log_ratio_clamp, p.kl_clamp)
+# a built-in loss's own aggregation when trainer.policy_loss.agg is null (the others: token-mean)
+LOSS_AGG = {"drgrpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean"}
+
+
+def policy_agg(cfg: TrainerConfig, loss_name: str) -> str:
+    """The aggregation the policy loss `loss_name` uses under this config: policy_loss.agg, else the loss's own."""
+    return canonical_agg(cfg.policy_loss.agg or LOSS_AGG.get(loss_name, "token-mean"))
+
+
+def kl_penalized(loss: LossFn, cfg: TrainerConfig, loss_name: str) -> LossFn:
+    """The KL penalty of trainer.kl around `loss`, aggregated as kl.agg says (like loss_name's aggregation)."""
+    kl, p = cfg.kl, cfg.policy_loss
+    agg = policy_agg(cfg, loss_name) if kl.agg == "policy" else "token-mean"
+    return KlPenalizedLoss(loss, kl.coef, kl.estimator, kl.ratio_weighted, p.log_ratio_clamp, p.kl_clamp, agg,
+                           p.empty_rows, cfg.drgrpo.max_tokens, kl.logged)
+
+
+def entropy_term(loss: LossFn, cfg: TrainerConfig, loss_name: str) -> LossFn:
+    """The entropy metric and bonus of trainer.policy_loss around `loss` (aggregated as entropy_agg says)."""
+    p = cfg.policy_loss
+    agg = policy_agg(cfg, loss_name) if p.entropy_agg == "policy" else "token-mean"
+    return EntropyTerm(loss, p.entropy_coef, agg, p.empty_rows, cfg.drgrpo.max_tokens,
+                       cfg.masking.top_entropy_quantile)
 
 
 # built-in loss name -> factory taking the trainer config; the names are rlfleet.config.LOSS_NAMES

@@ -15,10 +15,11 @@ from rlfleet.protocols import AdvantageEstimator, LossFn, NeedsOldLogprobs, Trai
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.advantages import ALL_REDUCE_SUM, RETURNS
 from rlfleet.services.trainer.batch import batch_to, build_train_batch, forward_logprobs, select_rows
-from rlfleet.services.trainer.collectives import all_reduce_sum
+from rlfleet.services.trainer.collectives import all_reduce_max_floats, all_reduce_sum
 from rlfleet.services.trainer.entropy import ENTROPY_GRAD
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.losses import METRIC_TOKENS, ROW_COUNT, SEQ_COUNT
+from rlfleet.services.trainer.metric_reduce import finite_extremes, reduce_over_ranks
 from rlfleet.services.trainer.routing_replay import RoutingReplay
 from rlfleet.services.trainer.step_totals import add_batch_counts, add_minibatch, optimizer_step
 
@@ -140,10 +141,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_gr
         if ctx.critic is not None:
             metrics.update(ctx.critic.train_minibatch(mb, mb.extras[RETURNS], token_count, ctx.world_size,
                                                       ctx.grad_clip))
-        names = sorted(metrics)
-        summed = all_reduce_sum([float(out.loss.detach())] + [metrics[k] for k in names], ctx.device)
-        add_minibatch(totals, dict(zip(["loss", *names], summed, strict=True)), grad_norm, len(bounds))
+        reduced = reduce_over_ranks({"loss": float(out.loss.detach()), **metrics},
+                                    partial(all_reduce_sum, device=ctx.device),
+                                    partial(all_reduce_max_floats, device=ctx.device))
+        add_minibatch(totals, reduced, grad_norm, len(bounds))
     add_batch_counts(totals, len(samples), batch, partial(all_reduce_sum, device=ctx.device))
+    finite_extremes(totals)
     return totals
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from rlfleet.protocols import TrainBatch
+from rlfleet.services.trainer.metric_reduce import combine, empty_value, extreme
 from rlfleet.services.trainer.token_versions import version_sums, version_totals
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,10 @@ def add_minibatch(totals: dict[str, float], mb_totals: dict[str, float], grad_no
     if ess is not None:
         mb_totals["ess"] = ess
     for key, value in mb_totals.items():
-        totals[key] = totals.get(key, 0.0) + value / minibatches             # mean over minibatches
+        if extreme(key) is not None:                                          # min / max over minibatches
+            totals[key] = combine(key, totals.get(key, empty_value(key)), value)
+        else:
+            totals[key] = totals.get(key, 0.0) + value / minibatches         # mean over minibatches
     totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm / minibatches
 
 

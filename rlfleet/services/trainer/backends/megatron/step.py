@@ -22,6 +22,7 @@ from rlfleet.services.trainer.batch import batch_to, build_train_batch, select_r
 from rlfleet.services.trainer.collectives import broadcast_bytes
 from rlfleet.services.trainer.hooks import call_hooks
 from rlfleet.services.trainer.losses import ROW_COUNT, SEQ_COUNT
+from rlfleet.services.trainer.metric_reduce import combine, empty_value, finite_extremes, reduce_over_ranks
 from rlfleet.services.trainer.step import StepContext, row_bounds
 from rlfleet.services.trainer.step_totals import add_batch_counts, add_minibatch, optimizer_step
 
@@ -133,11 +134,15 @@ class MegatronStep:
             src_names = "\n".join(names).encode() if dist.get_rank() == self.p.metrics_src else None
             names = [n for n in broadcast_bytes(src_names, device, src=self.p.metrics_src).decode().split("\n") if n]
         counts = lay.last_stage and lay.tp_rank == 0 and values is not None
-        vec = torch.tensor([values[k] if counts and values is not None else 0.0 for k in names], dtype=torch.float64,
-                           device=device)
-        if dist.get_world_size() > 1:
-            dist.all_reduce(vec, op=dist.ReduceOp.SUM)
-        return dict(zip(names, vec.cpu().tolist(), strict=True))
+        mine = {k: values[k] if counts and values is not None else empty_value(k) for k in names}
+
+        def world(op: dist.ReduceOp, vals: Sequence[float]) -> list[float]:
+            vec = torch.tensor(list(vals), dtype=torch.float64, device=device)
+            if dist.get_world_size() > 1 and vec.numel():
+                dist.all_reduce(vec, op=op)
+            return vec.cpu().tolist()
+
+        return reduce_over_ranks(mine, partial(world, dist.ReduceOp.SUM), partial(world, dist.ReduceOp.MAX))
 
     def __call__(self, groups: Sequence[Sequence[Sample]], step: int, ctx: StepContext) -> dict[str, float]:
         if len(groups) % ctx.minibatches:
@@ -166,11 +171,12 @@ class MegatronStep:
                 values = {}
                 for entry in store:
                     for k, v in entry["values"].items():
-                        values[k] = values.get(k, 0.0) + v
+                        values[k] = combine(k, values[k], v) if k in values else v
             whole = select_rows(batch, torch.arange(lo, hi, device=ctx.device), trim=True)
             call_hooks(ctx.hooks, "before_step", step, whole)
             # global norm: every rank takes the same branch
             grad_norm = optimizer_step(self.p.optimizer, self.p.reduce_and_clip(ctx.grad_clip), step, totals)
             add_minibatch(totals, self._global_metrics(values, ctx.device), grad_norm, len(bounds))
         add_batch_counts(totals, len(samples), batch, partial(self._dp_sum, device=ctx.device))
+        finite_extremes(totals)
         return totals

@@ -1,0 +1,77 @@
+"""verl's OPO, GPG and ReMax estimators against their formulas written out here in plain Python (verl core_algos
+compute_{opo,gpg,remax}_outcome_advantage), and ReMax refused by `rlfleet check` until the rollout delivers its
+greedy baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from rlfleet.config import Config, ConfigError, check_trainer, parse_config
+from rlfleet.services.trainer.advantages_baselines import REWARD_BASELINES
+from rlfleet.services.trainer.algorithms import resolve_advantage
+from tests.support.train_batches import train_batch
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "addition" / "config.yaml"
+REWARDS = [1.0, 0.0, 0.5, 2.0, 0.0, 3.0]
+GROUPS = [0, 0, 0, 1, 1, 2]                 # group 2: one sample
+MASK = [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
+
+
+def _per_sample(adv: torch.Tensor) -> list[float]:
+    for i, row in enumerate(MASK):          # broadcast over the valid tokens, zero elsewhere
+        assert all(float(adv[i, j]) == (float(adv[i, 0]) if k else 0.0) for j, k in enumerate(row))
+    return [float(adv[i, 0]) for i in range(len(MASK))]
+
+
+def test_opo_length_weighted_baseline() -> None:
+    adv = resolve_advantage("opo")(train_batch(MASK, rewards=REWARDS, groups=GROUPS))
+    want = []
+    for i, g in enumerate(GROUPS):
+        members = [k for k in range(len(GROUPS)) if GROUPS[k] == g]
+        lengths = [sum(MASK[k]) for k in members]
+        baseline = 0.0 if len(members) == 1 else \
+            sum(n * REWARDS[k] for n, k in zip(lengths, members, strict=True)) / sum(lengths)
+        want.append(REWARDS[i] - baseline)
+    assert _per_sample(adv) == pytest.approx(want, abs=1e-6)
+
+
+def test_gpg_scales_by_the_share_of_nonzero_scores() -> None:
+    adv = resolve_advantage("gpg")(train_batch(MASK, rewards=REWARDS, groups=GROUPS))
+    alpha = len(REWARDS) / sum(r != 0 for r in REWARDS)                     # 6 / 4
+    want = []
+    for i, g in enumerate(GROUPS):
+        members = [REWARDS[k] for k in range(len(GROUPS)) if GROUPS[k] == g]
+        mean = 0.0 if len(members) == 1 else sum(members) / len(members)
+        want.append(alpha * (REWARDS[i] - mean))
+    assert _per_sample(adv) == pytest.approx(want, abs=1e-6)
+
+
+def test_remax_return_minus_the_greedy_reward() -> None:
+    baselines = [0.5, 0.5, 0.5, 1.0, 1.0, 2.0]
+    adv = resolve_advantage("remax")(train_batch(MASK, rewards=REWARDS, groups=GROUPS,
+                                                 extras={REWARD_BASELINES: torch.tensor(baselines)}))
+    for i, row in enumerate(MASK):          # the outcome reward sits on the last token: every earlier return equals it
+        for j, k in enumerate(row):
+            assert float(adv[i, j]) == pytest.approx((REWARDS[i] - baselines[i]) if k else 0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="reward_baselines"):
+        resolve_advantage("remax")(train_batch(MASK, rewards=REWARDS, groups=GROUPS))
+
+
+def _example(trainer: dict[str, Any]) -> Config:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["trainer"].update(trainer)
+    return parse_config(data)
+
+
+def test_remax_and_a_multi_rank_entropy_quantile_are_refused_at_check_time() -> None:
+    with pytest.raises(ConfigError, match="trainer advantage remax needs a greedy"):
+        check_trainer(_example({"advantage": "remax"}))
+    with pytest.raises(ConfigError, match="one data-parallel rank only"):
+        check_trainer(_example({"world_size": 2, "masking": {"top_entropy_quantile": 0.2}}))
+    check_trainer(_example({"masking": {"top_entropy_quantile": 0.2}}))
+    check_trainer(_example({"algorithm": "opo"}))
