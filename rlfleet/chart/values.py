@@ -68,6 +68,7 @@ def rendered(values: dict[str, Any]) -> Rendered:
     rollout = dict(run.get("rollout") or {})
     if gpu_rollout:                                     # configmap-config.yaml's defaults for a GPU replica
         sglang = dict(rollout.get("sglang") or {})
+        sglang.setdefault("python", "/opt/sglang/bin/python")
         sglang.setdefault("tp", int(r["gpusPerReplica"]))
         sglang.setdefault("mem_fraction_static", 0.85)
         rollout["sglang"] = sglang
