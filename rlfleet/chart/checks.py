@@ -16,6 +16,8 @@ from rlfleet.chart.values import CHART, Rendered, load_values, rendered
 
 @dataclass(frozen=True)
 class Finding:
+    """One check's verdict on the stack: ok, or what is wrong and what to change."""
+
     check: str
     ok: bool
     message: str
@@ -47,7 +49,7 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.1f} GB"
 
 
-def _missing(stack: Stack, keys: dict[str, float]) -> Finding | None:
+def _missing(keys: dict[str, float]) -> Finding | None:
     absent = [k for k, v in keys.items() if not v]
     return Finding("sizing", False, f"sizing.{', sizing.'.join(absent)} not stated: a GPU stack must say them "
                    "(deploy/helm/rlfleet/values.yaml `sizing`)") if absent else None
@@ -58,7 +60,7 @@ def check_gpus(stack: Stack) -> list[Finding]:
     if not stack.any_gpu:
         return [Finding("gpus", True, "no GPUs asked for")]
     s = stack.sizing
-    if (bad := _missing(stack, {"gpusPerNode": s.gpus_per_node, "racks": len(s.racks)})) is not None:
+    if (bad := _missing({"gpusPerNode": s.gpus_per_node, "racks": len(s.racks)})) is not None:
         return [bad]
     t, r = stack.values["trainer"], stack.values["rollout"]
     out = [Finding("gpus", False, f"{key}={n} is more than a node's {s.gpus_per_node} GPUs (sizing.gpusPerNode): "
@@ -83,9 +85,9 @@ def check_kv_pool(stack: Stack) -> list[Finding]:
     if not stack.sglang_gpu:
         return [Finding("kv_pool", True, "no SGLang replica on GPUs")]
     s, m, ro = stack.sizing, stack.sizing.model, stack.run.rollout
-    if (bad := _missing(stack, {"gpuMemoryGiB": s.gpu_memory_gib, "promptTokens": s.prompt_tokens,
-                                "model.paramsB": m.params_b, "model.layers": m.layers,
-                                "model.kvHeads": m.kv_heads, "model.headDim": m.head_dim})) is not None:
+    if (bad := _missing({"gpuMemoryGiB": s.gpu_memory_gib, "promptTokens": s.prompt_tokens,
+                         "model.paramsB": m.params_b, "model.layers": m.layers,
+                         "model.kvHeads": m.kv_heads, "model.headDim": m.head_dim})) is not None:
         return [bad]
     sg = ro.sglang
     pool = sz.kv_pool_tokens(m, s.gpu_memory_gib, sg.mem_fraction_static, sg.tp, sg.max_total_tokens)
@@ -175,8 +177,8 @@ def check_memory(stack: Stack) -> list[Finding]:
                                "sent")):
         asked = (stack.values[side].get("resources") or {}).get("requests", {}).get("memory")
         if asked is None or sz.memory_bytes(asked) < copies * bf16:
-            out.append(Finding("memory", False, f"{side}.resources.requests.memory {asked} is less than {copies} x "
-                               f"the model's bf16 size {_gb(bf16)} = {_gb(copies * bf16)} ({why})"))
+            out.append(Finding("memory", False, f"{side}.resources.requests.memory {asked or '(unset)'} is less "
+                               f"than {copies} x the model's bf16 size {_gb(bf16)} = {_gb(copies * bf16)} ({why})"))
     world = stack.run.trainer.world_size
     if stack.run.gpu_trainer and s.gpu_memory_gib:
         per_gpu = sz.TRAINER_STATE_BYTES_PER_PARAM * m.params_b * 1e9 / world

@@ -63,7 +63,7 @@ def rendered(values: dict[str, Any]) -> Rendered:
     t, r = values["trainer"], values["rollout"]
     gpu_trainer = cuda and int(t["gpusPerPod"]) > 0
     gpu_rollout = cuda and int(r["gpusPerReplica"]) > 0
-    per_pod = int(t.get("ranksPerPod") or 0) or (int(t["gpusPerPod"]) if gpu_trainer else 1)
+    per_pod = int(t.get("ranksPerPod") or 0) or max(int(t["gpusPerPod"]), 1)     # rlfleet.trainerRanksPerPod
     run = values.get("runConfig", {})
     rollout = dict(run.get("rollout") or {})
     if gpu_rollout:                                     # configmap-config.yaml's defaults for a GPU replica
