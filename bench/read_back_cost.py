@@ -96,7 +96,7 @@ def measure(name: str, model: Path, python: Path, log: Path) -> dict[str, float]
         client = server.client()
         client.weight_timeout = 3600
         read_back(client, *next(iter(specs.items())))             # warm the route
-        pid = server.pid()
+        pid = server.pid
         assert pid is not None
         s0, c0, t0 = server_cpu(pid), time.process_time(), time.perf_counter()
         for tensor_name, spec in specs.items():

@@ -28,12 +28,13 @@ TRAINER_STATE_BYTES_PER_PARAM = 4 + 4 + 8
 # last version sent (verify sent keeps it for its digest): 2x.
 TRAINER_HOST_BF16_COPIES = 3
 ROLLOUT_HOST_BF16_COPIES = 2
-# Measured by bench/read_back_cost.py on a CPU SGLang 0.5.23 server (docs/cluster.md): seconds to read every tensor
-# back per GB of bf16 weights (the wire carries each value as float32 JSON text whatever the dtype).
-READ_BACK_SECONDS_PER_BF16_GB = 0.0
+# Measured by bench/read_back_cost.py on a CPU SGLang 0.5.23 server (docs/cluster.md): CPU seconds (server and
+# replica together) to read every tensor back, per GB of bf16 weights (0.72 us a parameter on SmolLM2-135M; the wire
+# carries each value as float32 JSON text whatever the dtype). All of it is CPU work, on a GPU node too.
+READ_BACK_SECONDS_PER_BF16_GB = 360.0
 # Above this many GB of bf16 weights, verify read_back would take more than READ_BACK_MAX_SECONDS per version.
 READ_BACK_MAX_SECONDS = 60.0
-READ_BACK_MAX_BF16_GB = 0.0
+READ_BACK_MAX_BF16_GB = round(READ_BACK_MAX_SECONDS / READ_BACK_SECONDS_PER_BF16_GB, 2)      # 0.17 GB: ~85M params
 
 _QUANTITY = re.compile(r"^([0-9.]+(?:e[0-9]+)?)([KMGTPE]i?|k|m)?$")
 _FACTORS = {None: 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,

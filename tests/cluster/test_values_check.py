@@ -130,3 +130,11 @@ def test_the_command_exits_2_on_a_failing_stack(tmp_path: Path, capsys: pytest.C
     out = capsys.readouterr().out
     assert "FAIL gpus: the run asks for 96 GPUs" in out and out.rstrip().endswith("1 failed")
     assert main(["chart-check", str(GPU)]) == 0
+
+
+def test_the_docs_state_the_read_back_figure_and_limit_the_check_uses() -> None:
+    from rlfleet.chart.sizing import READ_BACK_MAX_BF16_GB, READ_BACK_SECONDS_PER_BF16_GB
+
+    docs = " ".join((VALUES.parents[1] / "docs" / "cluster.md").read_text().split())
+    assert f"{READ_BACK_SECONDS_PER_BF16_GB:g} CPU seconds per GB of bf16 weights" in docs
+    assert f"refused above **{READ_BACK_MAX_BF16_GB:g} GB of bf16 weights" in docs
