@@ -13,7 +13,6 @@ the replicas within the skew fits every rack.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,56 +68,64 @@ class RackLoad:
         return False
 
 
-def _spreads(n: int, racks: int, skew: int) -> Iterator[tuple[int, ...]]:
-    """Every way to split n replicas over `racks` racks with max - min <= skew."""
-    def parts(left: int, k: int) -> Iterator[tuple[int, ...]]:
-        if k == 1:
-            yield (left,)
-            return
-        for first in range(left, -1, -1):
-            for rest in parts(left - first, k - 1):
-                yield (first, *rest)
-    for p in parts(n, racks):
-        if max(p) - min(p) <= skew:
-            yield p
-
-
 def place(d: Demand, nodes: dict[str, int], gpus_per_node: int) -> tuple[dict[str, RackLoad] | None, str]:
     """A layout that fits (rack -> its load) and a line saying where everything went; or None and why not."""
-    last = ""
+    for rack in [*d.trainer_racks, *d.rollout_racks]:
+        if rack not in nodes:
+            return None, f"rack {rack} (named in topology) is not in sizing.racks"
+    whys = []
     for trainer_rack in d.trainer_racks:
-        for spread in _spreads(d.replicas, len(d.rollout_racks), d.max_skew):
-            load = {rack: _rack(n, gpus_per_node) for rack, n in nodes.items()}
-            why = _fill(d, load, trainer_rack, dict(zip(d.rollout_racks, spread, strict=True)))
-            if not why:
-                return load, describe(load, gpus_per_node)
-            last = why
-    return None, last
+        load = {rack: RackLoad(gpus_per_node, [gpus_per_node] * n) for rack, n in nodes.items()}
+        if why := _trainer_and_spares(d, load[trainer_rack], trainer_rack):
+            whys.append(why)
+            continue
+        room = [_replica_room(d, load[rack]) for rack in d.rollout_racks]
+        spread = _spread(d.replicas, room, d.max_skew)
+        if spread is None:
+            whys.append(f"trainer in {trainer_rack}: {d.replicas} replicas of {d.pods_per_replica} pods x "
+                        f"{d.replica_pod_gpus} GPUs cannot spread over {', '.join(d.rollout_racks)} within "
+                        f"topology.rolloutMaxSkew {d.max_skew}: room for {', '.join(map(str, room))} beside the rest")
+            continue
+        for rack, n in zip(d.rollout_racks, spread, strict=True):
+            for _ in range(n * d.pods_per_replica):
+                load[rack].put("rollout", d.replica_pod_gpus)
+        return load, describe(load, gpus_per_node)
+    return None, "; ".join(whys)
 
 
-def _rack(n: int, gpus_per_node: int) -> RackLoad:
-    return RackLoad(gpus_per_node, [gpus_per_node] * n)
-
-
-def _fill(d: Demand, load: dict[str, RackLoad], trainer_rack: str, replicas: dict[str, int]) -> str:
-    """'' when everything fits; else what did not."""
-    for rack in [trainer_rack, *replicas]:
-        if rack not in load:
-            return f"rack {rack} (named in topology) is not in sizing.racks"
-    home = load[trainer_rack]
+def _trainer_and_spares(d: Demand, home: RackLoad, rack: str) -> str:
+    """'' when the trainer's pods and the spares fit in its rack; else what did not."""
     for _ in range(d.trainer_pods):
         if not home.put("trainer", d.trainer_gpus):
-            return f"the trainer's {d.trainer_pods} pods x {d.trainer_gpus} GPUs do not fit in {trainer_rack}"
+            return f"the trainer's {d.trainer_pods} pods x {d.trainer_gpus} GPUs do not fit in {rack}"
     for _ in range(d.spares):
         if not home.put("spares", d.trainer_gpus, fresh_node=True):
-            return (f"{d.spares} spares (a node each, beside the trainer's {d.trainer_pods} pods) do not fit in "
-                    f"{trainer_rack}")
-    for rack, n in replicas.items():
-        for _ in range(n * d.pods_per_replica):
-            if not load[rack].put("rollout", d.replica_pod_gpus):
-                return (f"trainer in {trainer_rack}, rollout {replicas}: {n} replicas x {d.pods_per_replica} pods x "
-                        f"{d.replica_pod_gpus} GPUs do not fit beside the rest in {rack}")
+            return f"{d.spares} spares (a node each, beside the trainer's {d.trainer_pods} pods) do not fit in {rack}"
     return ""
+
+
+def _replica_room(d: Demand, rack: RackLoad) -> int:
+    """How many more replicas fit in the rack (first fit on a copy of its nodes), at most all of them."""
+    trial = RackLoad(rack.node_gpus, list(rack.nodes))
+    for n in range(d.replicas):
+        if not all(trial.put("rollout", d.replica_pod_gpus) for _ in range(d.pods_per_replica)):
+            return n
+    return d.replicas
+
+
+def _spread(n: int, room: list[int], skew: int) -> list[int] | None:
+    """Replicas per rack, each within its room, summing to n, max - min <= skew; None when there is none. For each
+    floor m every rack takes m to min(room, m + skew): a spread exists for m when the bounds bracket n."""
+    for m in range(min(room) + 1):
+        high = [min(r, m + skew) for r in room]
+        if len(room) * m <= n <= sum(high):
+            out, left = [m] * len(room), n - len(room) * m
+            for i, h in enumerate(high):
+                add = min(h - m, left)
+                out[i] += add
+                left -= add
+            return out
+    return None
 
 
 def describe(load: dict[str, RackLoad], gpus_per_node: int) -> str:

@@ -39,6 +39,10 @@ def test_the_64_gpu_stack_splits_32_and_32_over_its_racks() -> None:
     assert gpus.ok and gpus.message.startswith("64 GPUs placed")
     assert "rack-a (4 nodes x 8 GPUs): trainer 4 pods = 32; 32 of 32" in gpus.message
     assert "rack-b (4 nodes x 8 GPUs): rollout 8 pods = 32; 32 of 32" in gpus.message
+    # Unpinned replicas fit too when the skew lets all 8 sit in rack-b (8 - 0 <= 8), not at skew 7.
+    (loose,) = _findings({"topology": {"rolloutRacks": [], "rolloutMaxSkew": 8}}, "gpus")
+    assert loose.ok and "rack-b (4 nodes x 8 GPUs): rollout 8 pods = 32" in loose.message
+    assert "room for 0, 8" in _failed({"topology": {"rolloutRacks": [], "rolloutMaxSkew": 7}}, "gpus")
 
 
 @pytest.mark.parametrize("over, message", [
@@ -47,9 +51,10 @@ def test_the_64_gpu_stack_splits_32_and_32_over_its_racks() -> None:
                                "most) but sizing.totalGPUs says 64"),
     # 5 x 8 = 40 GPUs of trainer for a 4 x 8 = 32-GPU rack.
     ({"trainer": {"pods": 5}, "sizing": {"totalGPUs": 0}}, "the trainer's 5 pods x 8 GPUs do not fit in rack-a"),
-    # Replicas unpinned, spread evenly (skew 1) over both racks: 4 of them (16 GPUs) in the trainer's full rack-a.
-    ({"topology": {"rolloutRacks": []}}, "rollout {'rack-a': 4, 'rack-b': 4}: 4 replicas x 1 pods x 4 GPUs do not "
-                                         "fit beside the rest in rack-a"),
+    # Replicas unpinned, spread within skew 1 over both racks: rack-a is full with the trainer (room 0), so rack-b
+    # (room 4 nodes x 8 / 4 = 8) may take only 1.
+    ({"topology": {"rolloutRacks": []}}, "8 replicas of 1 pods x 4 GPUs cannot spread over rack-a, rack-b within "
+                                         "topology.rolloutMaxSkew 1: room for 0, 8 beside the rest"),
     # An HPA that may grow to 10 replicas: 32 + 40 GPUs.
     ({"rollout": {"hpa": {"enabled": True, "minReplicas": 8, "maxReplicas": 10}}}, "the run asks for 72 GPUs"),
     # A spare needs a node of its own in rack-a, whose 4 nodes the trainer fills.
