@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p_check.add_argument("--explain", metavar="FIELD", help="print a config field's type, default and description "
                          "(e.g. trainer.tis.level) instead of checking a config")
     p_check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p_chart = sub.add_parser("chart-check", help="check a stack of Helm values files against the GPUs, memory and "
+                             "model they name (before helm install)")
+    p_chart.add_argument("values", nargs="+", help="values files, in -f order")
     p_scale = sub.add_parser("scale", help="change the rollout replica count of a live local run")
     p_scale.add_argument("run_dir", help="the run folder (run.dir) of a live `rlfleet run`")
     p_scale.add_argument("target", help="rollout=N")
@@ -63,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"rollout replicas: {len(status.running)} ({', '.join(status.running)})")
         return 0
+    if ns.command == "chart-check":
+        from rlfleet.chart.report import main as chart_check
+
+        return chart_check([Path(v) for v in ns.values])
     if ns.command == "check" and ns.explain is not None:
         try:
             print(explain(ns.explain))

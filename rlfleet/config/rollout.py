@@ -43,8 +43,9 @@ class SGLangConfig(Section):
     weights: Literal["disk", "distributed"] = Field("disk", description="How verified weights reach the server: "
                                                     "files on disk, or SGLang's distributed weight update.")
     verify: Literal["read_back", "sent"] = Field("read_back", description="What the acknowledged digest is "
-                                                 "computed from: the weights read back from the server, or those "
-                                                 "sent.")
+                                                 "computed from: the weights read back from the server (as JSON: "
+                                                 "~360 CPU s per GB of bf16 weights, and only with tp 1; "
+                                                 "docs/cluster.md), or those sent.")
     tp: int = Field(1, ge=1, description="Tensor parallelism over this many GPUs (the rollout pod's GPUs).")
     mem_fraction_static: float = Field(0.1, gt=0, lt=1, description="GPU memory for weights + KV cache (0.8-0.9 "
                                        "on a GPU).")

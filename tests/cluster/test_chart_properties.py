@@ -70,7 +70,7 @@ def test_trainer_ranks_are_required_into_one_rack(rendered: dict, scenario: str)
     if scenario.startswith("gpu"):
         values = scenario_values(scenario)
         assert (trainer["spec"].get("replicas") or
-                trainer["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"]) == 8
+                trainer["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"]) == 4
         racks = [e for t in spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
                  ["nodeSelectorTerms"] for e in t["matchExpressions"] if e["key"] == RACK]
         assert racks and racks[0]["operator"] == "In" and racks[0]["values"] == values["topology"]["racks"]
@@ -84,8 +84,14 @@ def test_rollout_replicas_spread_across_racks(rendered: dict, scenario: str) -> 
     assert tsc and tsc[0]["whenUnsatisfiable"] == "DoNotSchedule" and tsc[0]["maxSkew"] == 1
     assert tsc[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "rollout"
     assert _quarantine_avoided(spec)
+    racks = [e for t in spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+             ["nodeSelectorTerms"] for e in t["matchExpressions"] if e["key"] == RACK]
+    if scenario.startswith("gpu"):     # pinned to topology.rolloutRacks: the racks the trainer does not fill
+        assert [r["values"] for r in racks] == [["rack-b"]] and racks[0]["operator"] == "In"
+    else:
+        assert not racks
     if scenario == "gpu-64gpus-2racks":
-        assert rollout["spec"]["replicas"] == 4
+        assert rollout["spec"]["replicas"] == 8
 
 
 def test_rack_label_key_is_configurable() -> None:

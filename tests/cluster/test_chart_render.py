@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster.chart import CHART, SCENARIOS, merge, render, scenario_values
+from tests.cluster.chart import CHART, SCENARIOS, VALUES, merge, render, scenario_values
 from tests.cluster.tools import need_module
 
 # Kinds that come from CRDs (no upstream schema to validate against; cert-manager's are checked against its
@@ -45,6 +45,31 @@ def test_every_core_object_validates_strictly(rendered: dict[str, list[dict]], s
         checked += 1
     assert checked >= 20
     print(f"{scenario}: {checked} core objects valid (strict) for Kubernetes {', '.join(KUBE_VERSIONS)}")
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_every_scenario_passes_the_values_check_on_the_config_it_renders(rendered: dict[str, list[dict]],
+                                                                         scenario: str) -> None:
+    """rlfleet chart-check passes every shipped stack, and what it reads as the run config is what the chart
+    renders into the ConfigMap (its GPU defaults for SGLang are repeated in rlfleet/chart/values.py)."""
+    import yaml
+
+    from rlfleet.chart.checks import CHECKS, run_checks, stack_of
+    from rlfleet.chart.values import load_values
+    from rlfleet.config import parse_config
+
+    files = [VALUES / f for f in SCENARIOS[scenario]]
+    findings = run_checks(files)
+    assert {f.check for f in findings} == set(CHECKS)
+    assert all(f.ok for f in findings), [f.message for f in findings if not f.ok]
+    cm = next(o for o in rendered[scenario] if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-config"))
+    cfg = parse_config(yaml.safe_load(cm["data"]["config.yaml"]), "rendered")
+    run = stack_of(load_values(files)).run
+    assert run.rollout.sglang == cfg.rollout.sglang
+    assert (run.rollout.engine, run.rollout.max_batch_size, run.rollout.sampling) == \
+        (cfg.rollout.engine, cfg.rollout.max_batch_size, cfg.rollout.sampling)
+    assert (run.trainer.world_size, run.trainer.backend) == (cfg.trainer.world_size, cfg.trainer.backend)
+    assert (run.gpu_rollout, run.gpu_trainer) == (cfg.rollout.device == "cuda", cfg.trainer.device == "cuda")
 
 
 def test_optional_integrations_render_their_crd_objects(rendered: dict[str, list[dict]]) -> None:

@@ -42,15 +42,15 @@ def _gang(objects: list[dict]) -> tuple[int, int, int, int, int]:
 @pytest.mark.parametrize("values", [scenario_values("gpu-64gpus-2racks"),
                                     {**scenario_values("gpu-64gpus-2racks"), "jobSet": {"enabled": True}}],
                          ids=["statefulset", "jobset"])
-def test_the_64_gpu_values_train_on_64_gpus(values: dict) -> None:
+def test_the_64_gpu_values_train_on_32_gpus(values: dict) -> None:
     pods, per_pod, world_env, gpus, world_cfg = _gang(render(values))
-    assert (pods, per_pod, gpus) == (8, 8, 8)
-    assert world_env == world_cfg == pods * gpus == 64
+    assert (pods, per_pod, gpus) == (4, 8, 8)
+    assert world_env == world_cfg == pods * gpus == 32
     # What each pod's supervisor starts, from the environment the chart gives pod i.
     placements = [p for i in range(pods)
                   for p in pod_from_env({"RLFLEET_POD_INDEX": str(i), "RLFLEET_RANKS_PER_POD": str(per_pod),
                                          "WORLD_SIZE": str(world_env)}) or []]
-    assert sorted(p.rank for p in placements) == list(range(64)), "every rank exactly once"
+    assert sorted(p.rank for p in placements) == list(range(32)), "every rank exactly once"
     for i in range(pods):
         mine = [p for p in placements if p.pod_index == i]
         assert [p.local_rank for p in mine] == list(range(gpus)), "one rank per GPU of the pod"
@@ -92,13 +92,13 @@ def test_gpu_rollout_pods_run_sglang_tensor_parallel_over_their_gpus() -> None:
     rollout = next(o for o in by_kind(objects, "Deployment")
                    if o["metadata"]["labels"].get("app.kubernetes.io/component") == "rollout")
     gpus = int(pod_spec(rollout)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
-    assert cfg.rollout.engine == "sglang" and cfg.rollout.sglang.tp == gpus == 8
+    assert cfg.rollout.engine == "sglang" and cfg.rollout.sglang.tp == gpus == 4
     assert cfg.rollout.sglang.python == "/opt/sglang/bin/python", "the CUDA image keeps SGLang in its own venv"
     assert cfg.rollout.sglang.mem_fraction_static == 0.85
     mine = render({**scenario_values("gpu-64gpus-2racks"),
                    "runConfig": {**scenario_values("gpu-64gpus-2racks")["runConfig"],
                                  "rollout": {**scenario_values("gpu-64gpus-2racks")["runConfig"]["rollout"],
-                                             "sglang": {"tp": 4, "max_total_tokens": 262144}}}})
+                                             "sglang": {"tp": 2, "max_total_tokens": 262144}}}})
     cm = next(o for o in by_kind(mine, "ConfigMap") if o["metadata"]["name"].endswith("-config"))
     sg = parse_config(yaml.safe_load(cm["data"]["config.yaml"]), "rendered").rollout.sglang
-    assert (sg.tp, sg.max_total_tokens) == (4, 262144), "the run config's own settings win"
+    assert (sg.tp, sg.max_total_tokens) == (2, 262144), "the run config's own settings win"

@@ -98,18 +98,22 @@ securityContext:
 {{ toYaml .Values.podSecurityContext | indent 2 }}
 {{- end -}}
 
-{{/* Required node affinity every pod of the run keeps: away from quarantined nodes, within the run's racks. */}}
+{{/* Required node affinity every pod of the run keeps: away from quarantined nodes, within the run's racks
+(pinRacks: topology.racks; or the racks given). */}}
 {{- define "rlfleet.nodeAffinity" -}}
+{{- $racks := list -}}
+{{- if .pinRacks }}{{ $racks = .root.Values.topology.racks }}{{ end -}}
+{{- if .racks }}{{ $racks = .racks }}{{ end -}}
 nodeAffinity:
   requiredDuringSchedulingIgnoredDuringExecution:
     nodeSelectorTerms:
       - matchExpressions:
           - key: {{ .root.Values.quarantine.label }}
             operator: DoesNotExist
-          {{- if and .pinRacks .root.Values.topology.racks }}
+          {{- if $racks }}
           - key: {{ .root.Values.topology.rackLabel }}
             operator: In
-            values: {{ toJson .root.Values.topology.racks }}
+            values: {{ toJson $racks }}
           {{- end }}
 {{- end -}}
 

@@ -23,7 +23,7 @@ spec:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   affinity:
-    {{- include "rlfleet.nodeAffinity" (dict "root" . "pinRacks" false) | nindent 4 }}
+    {{- include "rlfleet.nodeAffinity" (dict "root" . "racks" .Values.topology.rolloutRacks) | nindent 4 }}
   # Replicas spread across racks (a rack failure takes out at most its share), then across hosts.
   topologySpreadConstraints:
     - maxSkew: {{ .Values.topology.rolloutMaxSkew }}
