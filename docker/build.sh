@@ -2,6 +2,7 @@
 # Build every rlfleet image, tagged as the Helm chart expects:
 #   $REGISTRY/rlfleet-<role>:$TAG            buffer, weight-sync, controller
 #   $REGISTRY/rlfleet-<role>-<variant>:$TAG  trainer and rollout, variant cpu or cuda (chart value image.variant)
+#   $REGISTRY/rlfleet-redis:$TAG             a stand-in for the chart's redis.image (docker/stand-ins/redis.Dockerfile)
 # Usage: docker/build.sh [--engine podman|docker] [--base local|IMAGE] [--only NAME] [--cuda-torch cuda|cpu] [--push]
 #   --engine      podman (default when installed; runs with docker/podman/containers.conf) or docker (buildx)
 #   --base        the image every Dockerfile starts from (build argument BASE): `local` builds Debian bookworm with
@@ -50,7 +51,7 @@ if [[ -z "$BASE" ]]; then
 fi
 
 run() {
-  echo "+ $*" >&2
+  echo "+ $*"
   if [[ "$DRY_RUN" != 1 ]]; then "$@"; fi
 }
 
@@ -81,6 +82,7 @@ IMAGES=(
   "rollout-cpu.Dockerfile rlfleet-rollout-cpu cpu"
   "trainer-cuda.Dockerfile rlfleet-trainer-cuda cuda"
   "rollout-cuda.Dockerfile rlfleet-rollout-cuda cuda"
+  "stand-ins/redis.Dockerfile rlfleet-redis none"     # the chart's Redis where redis:7.2.5-bookworm cannot be pulled
 )
 CPU_LOCKS=("$ROOT/locks/runtime.txt" "$ROOT/locks/controller.txt")
 if [[ "$CUDA_TORCH" == cpu ]]; then
@@ -95,9 +97,10 @@ for entry in "${IMAGES[@]}"; do
   if [[ -n "$ONLY" && "$image" != *"$ONLY"* ]]; then
     continue
   fi
+  wheels=""
   if [[ "$kind" == cpu ]]; then
     wheels="$(wheels_image "${CPU_LOCKS[@]}")"
-  else
+  elif [[ "$kind" == cuda ]]; then
     if [[ "$CUDA_TORCH" == cpu ]]; then    # the lock the Dockerfile makes under TORCH=cpu, made here for the wheels
       mkdir -p "$ROOT/build/locks"
       python3 "$ROOT/docker/cpu_torch_lock.py" "$ROOT/locks/image-cuda.txt" "$ROOT/locks/runtime.txt" \
@@ -108,8 +111,9 @@ for entry in "${IMAGES[@]}"; do
   ref="$REGISTRY/$image:$TAG"
   if [[ "$ENGINE" == docker ]]; then cmd=(docker buildx build --platform linux/amd64 --load)
   else cmd=(podman build --layers --format docker); fi
-  cmd+=(-f "$ROOT/docker/$dockerfile" -t "$ref" --build-arg "BASE=$BASE" --build-arg "WHEELS=$wheels"
-        --label "org.opencontainers.image.version=$TAG" --label "org.opencontainers.image.revision=$revision"
+  cmd+=(-f "$ROOT/docker/$dockerfile" -t "$ref" --build-arg "BASE=$BASE")
+  [[ -z "$wheels" ]] || cmd+=(--build-arg "WHEELS=$wheels")
+  cmd+=(--label "org.opencontainers.image.version=$TAG" --label "org.opencontainers.image.revision=$revision"
         --label "org.opencontainers.image.base.name=$BASE")
   [[ "$kind" == cuda ]] && cmd+=(--build-arg "TORCH=$CUDA_TORCH")
   cmd+=("$ROOT")

@@ -13,4 +13,4 @@ case "$ENGINE" in
   *) echo "engine.sh: ENGINE must be podman or docker, not '$ENGINE'" >&2; return 2 ;;
 esac
 # Where built artefacts that outlive a run are kept (base root filesystem key, wheelhouses), keyed by content
-RLFLEET_CACHE_DIR="${RLFLEET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlfleet}"
+RLFLEET_CACHE_DIR="${RLFLEET_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.cache}/rlfleet}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.cluster.tools import need_binary
@@ -23,6 +24,7 @@ TAG = re.search(r'^appVersion:\s*"?([^"\n]+)"?$', (ROOT / "deploy/helm/rlfleet/C
 IMAGES = {"rlfleet-buffer": "buffer", "rlfleet-weight-sync": "weight_sync", "rlfleet-trainer-cpu": "trainer",
           "rlfleet-rollout-cpu": "rollout", "rlfleet-controller": "controller", "rlfleet-trainer-cuda": "trainer",
           "rlfleet-rollout-cuda": "rollout"}
+REDIS = "rlfleet-redis"   # docker/stand-ins/redis.Dockerfile: the chart's redis.image where it cannot be pulled
 
 
 def engine_env() -> dict[str, str]:
@@ -38,11 +40,11 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
 
 
 def build_images(timeout: float = 2400) -> dict[str, str]:
-    """Build (or reuse) every image; image name -> reference."""
+    """Build (or reuse) every image; image name (IMAGES and REDIS) -> reference."""
     need_binary("podman")
     need_binary("debootstrap")
     proc = subprocess.run(["bash", str(ROOT / "docker/build.sh"), "--engine", "podman", "--base", "local",
                            "--cuda-torch", "cpu"], capture_output=True, text=True, timeout=timeout,
-                          env={**engine_env(), "REGISTRY": REGISTRY, "TAG": TAG})
+                          env={**engine_env(), "REGISTRY": REGISTRY, "TAG": TAG, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return {name: f"{REGISTRY}/{name}:{TAG}" for name in IMAGES}
+    return {name: f"{REGISTRY}/{name}:{TAG}" for name in (*IMAGES, REDIS)}

@@ -7,8 +7,8 @@ the chart's exec probe (docker/healthcheck.py) against the live service, which r
 certificate.
 
 Not checked here: CUDA itself (no GPU; the CUDA images are built with the CPU torch and checked up to their imports,
-without SGLang's CUDA venv), and the Redis-backed buffer: the chart's Redis image (redis:7.2.5-bookworm) cannot be
-pulled here, so the buffer's config is switched to its embedded store (the chart play covers Redis)."""
+without SGLang's CUDA venv). The chart's Redis image (redis:7.2.5-bookworm) cannot be pulled here: its stand-in,
+docker/stand-ins/redis.Dockerfile (Debian's redis-server 7.0), runs the chart's Redis pod."""
 
 from __future__ import annotations
 
@@ -29,12 +29,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from rlfleet.security.pki import create_ca, issue
 from tests.cluster.chart import render
-from tests.cluster.images_built import IMAGES, ROOT, TAG, build_images, podman
+from tests.cluster.images_built import IMAGES, REDIS, REGISTRY, ROOT, TAG, build_images, podman
 from tests.cluster.pod_play import PodIdentity, Volume, podman_run_args, probe_command
 
 pytestmark = pytest.mark.chart_play
 
 CPU_SERVICES = ("rlfleet-buffer", "rlfleet-weight-sync", "rlfleet-trainer-cpu", "rlfleet-rollout-cpu")
+# The pods started (Redis first: the buffer refuses to start without it, where a kubelet would restart it until then)
+SERVICE_PODS = ("redis", "buffer", "weight-sync", "trainer", "rollout")
 # What a kubelet gives a pod that the test reproduces: the run's user and group
 FS_GROUP = 10001
 
@@ -52,7 +54,8 @@ def _run(image: str, *args: str, extra: tuple[str, ...] = ()) -> Any:
 
 
 def test_every_image_answers_help_as_its_user_on_a_read_only_root(images: dict[str, str]) -> None:
-    for name, ref in images.items():
+    for name in IMAGES:
+        ref = images[name]
         proc = _run(ref, "--help")
         assert proc.returncode == 0, f"{ref} --help exited {proc.returncode}: {proc.stderr[-2000:]}"
         assert f"usage: python -m rlfleet.services.{IMAGES[name]}" in proc.stdout, proc.stdout[:500]
@@ -108,7 +111,8 @@ def test_a_dependency_missing_from_an_image_is_caught(images: dict[str, str]) ->
 # ---- the four services as the chart runs them ----------------------------------------------------------------------
 
 def _values() -> dict[str, Any]:
-    return {"image": {"registry": "localhost", "tag": TAG, "variant": "cpu"},
+    return {"image": {"registry": REGISTRY, "tag": TAG, "variant": "cpu"},
+            "redis": {"image": f"{REGISTRY}/{REDIS}:{TAG}"},
             "runConfig": {"run": {"name": "run"}, "model": {"path": "/models/model"},
                           "trainer": {"steps": 100000, "groups_per_step": 2, "checkpoint_every": 100000},
                           "rollout": {"group_size": 2, "claim_groups": 2, "max_batch_size": 8,
@@ -135,7 +139,10 @@ class ChartPods:
         self.objects = objects
         self.pods = {o["metadata"]["name"].split("-", 1)[1]: o["spec"]["template"]["spec"] for o in objects
                      if o["kind"] in ("Deployment", "StatefulSet")
-                     and o["metadata"]["name"].split("-", 1)[1] in ("buffer", "weight-sync", "trainer", "rollout")}
+                     and o["metadata"]["name"].split("-", 1)[1] in SERVICE_PODS}
+        # a StatefulSet's claims: claim template name -> its folder (as the volume of the same name)
+        self.claim_templates = {t["metadata"]["name"] for o in objects if o["kind"] == "StatefulSet"
+                                for t in o["spec"].get("volumeClaimTemplates", [])}
         self.config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap"
                                           and o["metadata"]["name"].endswith("-config"))["data"]["config.yaml"])
         self.containers: dict[str, str] = {}
@@ -171,6 +178,12 @@ class ChartPods:
     def _volumes(self, pod: str, spec: dict[str, Any], identity: PodIdentity,
                  secrets: dict[str, dict[str, bytes]]) -> dict[str, Volume]:
         volumes: dict[str, Volume] = {}
+        for claim in self.claim_templates:
+            if any(m["name"] == claim for m in spec["containers"][0].get("volumeMounts", [])):
+                folder = self.base / "pvc" / f"{claim}-{pod}-0"
+                folder.mkdir(parents=True, exist_ok=True)
+                os.chown(folder, FS_GROUP, FS_GROUP)
+                volumes[claim] = Volume(folder)
         for vol in spec["volumes"]:
             folder = self.base / pod / vol["name"]
             if "emptyDir" in vol:
@@ -216,20 +229,20 @@ class ChartPods:
 
     # -- start, probe, stop ------------------------------------------------------------------------------------------
     def start(self) -> None:
-        # Redis: the chart's Redis image cannot be pulled here; the buffer keeps its samples in its embedded store
-        self.config["buffer"]["store"] = "embedded"
-        self.config["buffer"].pop("redis_url", None)
         self._prepare_claims()
         secrets = self._secret_data()
+        secret_values = {(name, key): value.decode() for name, keys in secrets.items() for key, value in keys.items()}
         podman("network", "create", self.network)
         subnet = ipaddress.ip_network(podman("network", "inspect", self.network, "--format",
                                              "{{range .Subnets}}{{.Subnet}}{{end}}").stdout.strip())
-        hosts = {"buffer": [self.config["endpoints"]["buffer"]],
+        hosts = {"redis": [self.config["buffer"]["redis_url"].removeprefix("redis://").split("/")[0]],
+                 "buffer": [self.config["endpoints"]["buffer"]],
                  "weight-sync": [self.config["endpoints"]["weight_sync"]],
                  "trainer": [self.config["endpoints"][k] for k in ("trainer", "trainer_data", "rendezvous")],
                  "rollout": list(self.config["endpoints"]["rollout"])}
-        for i, (pod, spec) in enumerate(sorted(self.pods.items())):
-            name = f"run-{pod}-0" if pod == "trainer" else f"run-{pod}-{self.run_id}"
+        for i, pod in enumerate(SERVICE_PODS):
+            spec = self.pods[pod]
+            name = f"run-{pod}-0" if pod in ("trainer", "redis") else f"run-{pod}-{self.run_id}"
             identity = PodIdentity(name=name, index="0", ip=str(subnet.network_address + 10 + i))
             volumes = self._volumes(pod, spec, identity, secrets)
             container = spec["containers"][0]
@@ -237,9 +250,12 @@ class ChartPods:
             cname = f"rlfleet-imgtest-{pod}-{self.run_id}"
             args = ["run", "-d", "--no-healthcheck", "--name", cname, "--hostname", name, "--network", self.network,
                     "--ip", identity.ip, *[a for alias in aliases for a in ("--network-alias", alias)],
-                    *podman_run_args(spec, container, volumes, identity)]
+                    *podman_run_args(spec, container, volumes, identity, secret_values)]
             podman(*args)
             self.containers[pod] = cname
+            if pod == "redis":
+                failing = self.probe_until_ready(timeout=60)
+                assert not failing, failing
 
     def probe_until_ready(self, timeout: float) -> dict[str, str]:
         """Run each pod's startup probe (podman exec, as the kubelet's exec probe) until it passes; pod -> '' when it
@@ -249,12 +265,13 @@ class ChartPods:
         while pending and time.monotonic() < deadline:
             for pod in list(pending):
                 cname, container = self.containers[pod], self.pods[pod]["containers"][0]
+                probe = "startupProbe" if "startupProbe" in container else "readinessProbe"
                 state = podman("inspect", "--format", "{{.State.Status}}", cname).stdout.strip()
                 if state != "running":
                     pending[pod] = f"container {state}: {podman('logs', cname, check=False).stderr[-3000:]}"
                     deadline = 0
                     continue
-                proc = podman("exec", cname, *probe_command(container), check=False, timeout=60)
+                proc = podman("exec", cname, *probe_command(container, probe), check=False, timeout=60)
                 if proc.returncode == 0:
                     del pending[pod]
                 else:
@@ -285,7 +302,7 @@ def test_the_services_start_as_the_chart_runs_them_and_pass_its_probes(chart_pod
     for pod, cname in chart_pods.containers.items():
         ids = podman("exec", cname, "id", "-u").stdout.strip()
         assert ids == "10001", (pod, ids)
-        assert podman("exec", cname, "touch", "/app/written", check=False).returncode != 0, f"{pod}: root fs writable"
+        assert podman("exec", cname, "touch", "/written", check=False).returncode != 0, f"{pod}: root fs writable"
     # The probe can fail: against a port nothing serves, and (mTLS) without the pod's certificate
     ws = chart_pods.containers["weight-sync"]
     assert podman("exec", "-e", "RLFLEET_HEALTH_PORT=1", ws, "python", "/usr/local/bin/rlfleet-healthcheck",
