@@ -92,6 +92,16 @@ else
 fi
 
 revision="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+base_id="$("$ENGINE" image inspect --format '{{.Id}}' "$BASE" 2>/dev/null || echo "$BASE")"
+# Everything a build reads, hashed: the Dockerfile, the build arguments, and every file the context lets in
+# (.dockerignore). An image labelled with the same hash is up to date and is not rebuilt (~0.2 s instead of the
+# engine's ~7 s walk through its cached layers).
+context_files="$(cd "$ROOT" && { ls locks/*.txt docker/*.py docker/stand-ins/redis-server .dockerignore
+                                 find rlfleet examples -type f ! -path '*/__pycache__/*' ! -name '*.pyc'; } \
+                 | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-64)"
+inputs_key() {  # DOCKERFILE WHEELS
+  { sha256sum <"$ROOT/docker/$1"; echo "$base_id $2 $CUDA_TORCH $TAG $context_files"; } | sha256sum | cut -c1-32
+}
 for entry in "${IMAGES[@]}"; do
   read -r dockerfile image kind <<<"$entry"
   if [[ -n "$ONLY" && "$image" != *"$ONLY"* ]]; then
@@ -109,12 +119,19 @@ for entry in "${IMAGES[@]}"; do
     wheels="$(wheels_image "${CUDA_LOCKS[@]}")"
   fi
   ref="$REGISTRY/$image:$TAG"
+  key="$(inputs_key "$dockerfile" "$wheels")"
+  if [[ "$DRY_RUN" != 1 && "$("$ENGINE" image inspect --format '{{index .Labels "org.rlfleet.inputs"}}' "$ref" \
+                             2>/dev/null)" == "$key" ]]; then
+    echo "build.sh: $ref is up to date" >&2
+    if [[ "$PUSH" == 1 ]]; then run "$ENGINE" push "$ref"; fi
+    continue
+  fi
   if [[ "$ENGINE" == docker ]]; then cmd=(docker buildx build --platform linux/amd64 --load)
   else cmd=(podman build --layers --format docker); fi
   cmd+=(-f "$ROOT/docker/$dockerfile" -t "$ref" --build-arg "BASE=$BASE")
   [[ -z "$wheels" ]] || cmd+=(--build-arg "WHEELS=$wheels")
   cmd+=(--label "org.opencontainers.image.version=$TAG" --label "org.opencontainers.image.revision=$revision"
-        --label "org.opencontainers.image.base.name=$BASE")
+        --label "org.opencontainers.image.base.name=$BASE" --label "org.rlfleet.inputs=$key")
   [[ "$kind" == cuda ]] && cmd+=(--build-arg "TORCH=$CUDA_TORCH")
   cmd+=("$ROOT")
   start=$SECONDS

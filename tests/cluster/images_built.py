@@ -39,6 +39,24 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
     return proc
 
 
+def podman_many(commands: dict[str, list[str]], timeout: float) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run podman commands at once (containers spend most of their time starting and importing); name -> result."""
+    binary = need_binary("podman")
+    procs = {name: subprocess.Popen([binary, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=engine_env()) for name, args in commands.items()}
+    results = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=timeout)
+            results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
 def build_images(timeout: float = 2400) -> dict[str, str]:
     """Build (or reuse) every image; image name (IMAGES and REDIS) -> reference."""
     need_binary("podman")

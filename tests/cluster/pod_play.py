@@ -81,7 +81,8 @@ def podman_run_args(pod_spec: dict[str, Any], container: dict[str, Any], volumes
     for mount in container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
         if volume.host_path is None:
-            args += ["--tmpfs", f"{mount['mountPath']}:rw,nosuid,nodev,mode=1777"]
+            # empty, as an emptyDir starts (podman would copy the image's folder in: tmpcopyup)
+            args += ["--tmpfs", f"{mount['mountPath']}:rw,nosuid,nodev,mode=1777,notmpcopyup"]
             continue
         source = volume.host_path / mount.get("subPath", "")
         args += ["-v", f"{source}:{mount['mountPath']}:{'ro' if mount.get('readOnly') else 'rw'}"]

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
@@ -29,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from rlfleet.security.pki import create_ca, issue
 from tests.cluster.chart import render
-from tests.cluster.images_built import IMAGES, REDIS, REGISTRY, ROOT, TAG, build_images, podman
+from tests.cluster.images_built import IMAGES, REDIS, REGISTRY, ROOT, TAG, build_images, podman, podman_many
 from tests.cluster.pod_play import PodIdentity, Volume, podman_run_args, probe_command
 
 pytestmark = pytest.mark.chart_play
@@ -46,19 +47,51 @@ def images() -> dict[str, str]:
     return build_images()
 
 
-def _run(image: str, *args: str, extra: tuple[str, ...] = ()) -> Any:
-    """A throwaway container as the chart runs one: uid 10001, read-only root, /tmp a tmpfs, no capabilities."""
-    return podman("run", "--rm", "--no-healthcheck", "--user", "10001:10001", "--read-only", "--read-only-tmpfs=false",
-                  "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", *extra, image, *args,
-                  timeout=600, check=False)
+def _container(image: str, *args: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """A throwaway container as the chart runs one: uid 10001, read-only root, /tmp an empty tmpfs, no capabilities."""
+    return ["run", "--rm", "--no-healthcheck", "--user", "10001:10001", "--read-only", "--read-only-tmpfs=false",
+            "--tmpfs", "/tmp:rw,mode=1777,notmpcopyup", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            *extra, image, *args]
 
 
-def test_every_image_answers_help_as_its_user_on_a_read_only_root(images: dict[str, str]) -> None:
-    for name in IMAGES:
-        ref = images[name]
-        proc = _run(ref, "--help")
-        assert proc.returncode == 0, f"{ref} --help exited {proc.returncode}: {proc.stderr[-2000:]}"
-        assert f"usage: python -m rlfleet.services.{IMAGES[name]}" in proc.stdout, proc.stdout[:500]
+def _import_check(image: str, *args: str, extra: tuple[str, ...] = ()) -> list[str]:
+    mounts = ("-v", f"{ROOT / 'docker/import_check.py'}:/check/import_check.py:ro",
+              "-v", f"{ROOT / 'pyproject.toml'}:/check/pyproject.toml:ro", "--entrypoint", "python")
+    return _container(image, "/check/import_check.py", "--root", "/check", *args, extra=mounts + extra)
+
+
+SITE = "/opt/rlfleet/lib/python3.11/site-packages"
+ALL_SERVICES = ("buffer", "weight_sync", "trainer", "rollout")
+
+
+@pytest.fixture(scope="module")
+def checks(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, CompletedProcess[str]]:
+    """Every container check below, run at once (each is mostly start-up and imports): check name -> its result."""
+    empty = tmp_path_factory.mktemp("empty")
+    entries = [a for svc in ALL_SERVICES for a in ("--entry", f"rlfleet.services.{svc}")]
+    commands = {f"help {name}": _container(images[name], "--help") for name in IMAGES}
+    commands |= {
+        # every service's start-up imports (--help) and every rlfleet module, inside the image: the four CPU images
+        # share trainer-cpu's install layer (test below), the two CUDA images trainer-cuda's
+        "walk rlfleet-trainer-cpu": _import_check(images["rlfleet-trainer-cpu"], *entries, "--walk", "rlfleet"),
+        "walk rlfleet-trainer-cuda": _import_check(images["rlfleet-trainer-cuda"], *entries, "--walk", "rlfleet"),
+        "controller": _import_check(images["rlfleet-controller"], "--entry", "rlfleet.services.controller"),
+        # the CUDA image's own extras, with the CPU torch: Megatron-core and NIXL's Python API import
+        "cuda extras": _container(images["rlfleet-trainer-cuda"], "-c", "import megatron.core, nixl._api",
+                                  extra=("--entrypoint", "python")),
+        # one installed package hidden under an empty folder
+        "hidden cryptography": _import_check(images["rlfleet-buffer"], "--entry", "rlfleet.services.buffer",
+                                             "--entry", "rlfleet.services.weight_sync",
+                                             extra=("-v", f"{empty}:{SITE}/cryptography:ro")),
+    }
+    return podman_many(commands, timeout=900)
+
+
+def test_every_image_answers_help_as_its_user_on_a_read_only_root(checks: dict[str, CompletedProcess[str]]) -> None:
+    for name, module in IMAGES.items():
+        proc = checks[f"help {name}"]
+        assert proc.returncode == 0, f"{name} --help exited {proc.returncode}: {proc.stderr[-2000:]}"
+        assert f"usage: python -m rlfleet.services.{module}" in proc.stdout, proc.stdout[:500]
 
 
 def test_the_cpu_images_install_their_dependencies_once(images: dict[str, str]) -> None:
@@ -73,36 +106,26 @@ def test_the_cpu_images_install_their_dependencies_once(images: dict[str, str]) 
     assert len(install_layers) == 1, install_layers
 
 
-def _import_check(image: str, *args: str, extra: tuple[str, ...] = ()) -> Any:
-    mounts = ("-v", f"{ROOT / 'docker/import_check.py'}:/check/import_check.py:ro",
-              "-v", f"{ROOT / 'pyproject.toml'}:/check/pyproject.toml:ro", "--entrypoint", "python")
-    return _run(image, "/check/import_check.py", "--root", "/check", *args, extra=mounts + extra)
-
-
-@pytest.mark.parametrize(("image", "entries"), [
-    ("rlfleet-trainer-cpu", ("buffer", "weight_sync", "trainer", "rollout")),
-    ("rlfleet-trainer-cuda", ("buffer", "weight_sync", "trainer", "rollout")),
-])
-def test_an_image_holds_everything_its_services_import(images: dict[str, str], image: str,
-                                                       entries: tuple[str, ...]) -> None:
-    """Every service starts (--help runs its start-up imports) and every module of rlfleet imports, inside the
-    image (the four CPU images share this install layer: the test above; the CUDA images share theirs)."""
-    args = [a for svc in entries for a in ("--entry", f"rlfleet.services.{svc}")]
-    proc = _import_check(images[image], *args, "--walk", "rlfleet")
+@pytest.mark.parametrize("image", ["rlfleet-trainer-cpu", "rlfleet-trainer-cuda"])
+def test_an_image_holds_everything_its_services_import(checks: dict[str, CompletedProcess[str]], image: str) -> None:
+    proc = checks[f"walk {image}"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert f"import_check: ok ({len(entries)} entry points, 1 packages walked)" in proc.stdout
+    assert f"import_check: ok ({len(ALL_SERVICES)} entry points, 1 packages walked)" in proc.stdout
 
 
-def test_the_controller_image_starts_its_controller(images: dict[str, str]) -> None:
-    proc = _import_check(images["rlfleet-controller"], "--entry", "rlfleet.services.controller")
+def test_the_cuda_images_import_megatron_and_nixl(checks: dict[str, CompletedProcess[str]]) -> None:
+    proc = checks["cuda extras"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_controller_image_starts_its_controller(checks: dict[str, CompletedProcess[str]]) -> None:
+    proc = checks["controller"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
-def test_a_dependency_missing_from_an_image_is_caught(images: dict[str, str]) -> None:
+def test_a_dependency_missing_from_an_image_is_caught(checks: dict[str, CompletedProcess[str]]) -> None:
     """The same check with one installed package hidden (an empty folder over it): every service dies at import."""
-    site = "/opt/rlfleet/lib/python3.11/site-packages"
-    proc = _import_check(images["rlfleet-buffer"], "--entry", "rlfleet.services.buffer", "--entry",
-                         "rlfleet.services.weight_sync", extra=("--tmpfs", f"{site}/cryptography"))
+    proc = checks["hidden cryptography"]
     assert proc.returncode == 1, proc.stdout
     assert "python -m rlfleet.services.buffer --help exited 1" in proc.stdout
     assert "python -m rlfleet.services.weight_sync --help exited 1" in proc.stdout
@@ -280,8 +303,8 @@ class ChartPods:
         return pending
 
     def stop(self) -> None:
-        for cname in self.containers.values():
-            podman("rm", "-f", "-t", "5", cname, check=False)
+        if self.containers:
+            podman("rm", "-f", "-t", "2", *self.containers.values(), check=False)
         podman("network", "rm", "-f", self.network, check=False)
         shutil.rmtree(self.base, ignore_errors=True)
 
