@@ -32,7 +32,7 @@ case "$cmd" in
     bash docker/base/build_base.sh >build/image-base.log 2>&1 &
     bash scripts/venv_from_lock.sh "$VENV" locks/dev.txt --editable
     echo "dev.sh: .venv ready at ${SECONDS}s"
-    PYTHON="$PY" bash docker/build.sh --engine podman --base local --cuda-torch cpu >build/images.log 2>&1 &
+    PYTHON="$(realpath -s "$PY")" bash docker/build.sh --engine podman --base local --cuda-torch cpu >build/images.log 2>&1 &
     images_setup=$!
     export PATH="$VENV/bin:$PATH"
     "$PY" scripts/locks.py check                 # the locks satisfy pyproject.toml and agree with each other
