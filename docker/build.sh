@@ -86,7 +86,7 @@ IMAGES=(
 )
 CPU_LOCKS=("$ROOT/locks/runtime.txt" "$ROOT/locks/controller.txt")
 if [[ "$CUDA_TORCH" == cpu ]]; then
-  CUDA_LOCKS=("$ROOT/build/locks/image-cuda-cpu-torch.txt")
+  CUDA_LOCKS=("$ROOT/build/images/image-cuda-cpu-torch.txt")
 else
   CUDA_LOCKS=("$ROOT/locks/image-cuda.txt" "$ROOT/locks/sglang-cuda.txt")
 fi
@@ -112,9 +112,9 @@ for entry in "${IMAGES[@]}"; do
     wheels="$(wheels_image "${CPU_LOCKS[@]}")"
   elif [[ "$kind" == cuda ]]; then
     if [[ "$CUDA_TORCH" == cpu ]]; then    # the lock the Dockerfile makes under TORCH=cpu, made here for the wheels
-      mkdir -p "$ROOT/build/locks"
+      mkdir -p "$ROOT/build/images"
       python3 "$ROOT/docker/cpu_torch_lock.py" "$ROOT/locks/image-cuda.txt" "$ROOT/locks/runtime.txt" \
-        >"$ROOT/build/locks/image-cuda-cpu-torch.txt"
+        >"$ROOT/build/images/image-cuda-cpu-torch.txt"
     fi
     wheels="$(wheels_image "${CUDA_LOCKS[@]}")"
   fi
