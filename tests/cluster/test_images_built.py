@@ -1,10 +1,10 @@
 """Every image built for real and started (issue 39, item 1): docker/build.sh builds all seven with podman from the
 local base and the lock's wheelhouse; each entrypoint answers --help as the non-root user on a read-only root; each
 image's Python holds what its services import (and a hidden dependency is caught); the four CPU images install
-their dependencies once (one shared layer); and the four services, started as the rendered chart runs them (its
-command, args, env, user, read-only root, dropped capabilities, mounts, mTLS certificates from the run CA), pass
-the chart's exec probe (docker/healthcheck.py) against the live service, which refuses a client without a
-certificate.
+their dependencies once (one shared layer); and the chart's Redis and four service pods, started as the rendered
+chart runs them (command, args, env, user, fsGroup, read-only root, dropped capabilities, mounts; mTLS certificates
+and the weight-signing key issued as cert-manager would, by a run CA of the test's own), pass the chart's probes
+(docker/healthcheck.py for the services) against the live services, which refuse a client without a certificate.
 
 Not checked here: CUDA itself (no GPU; the CUDA images are built with the CPU torch and checked up to their imports,
 without SGLang's CUDA venv). The chart's Redis image (redis:7.2.5-bookworm) cannot be pulled here: its stand-in,
