@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.local.launcher import RunError, run
     from rlfleet.local.preflight import check_run
 
+    cfg = None
     try:
         cfg = load_config(ns.config, _overrides(ns.set))
         if ns.command == "check":
@@ -101,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nrlfleet: run failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("\nrlfleet: interrupted; every service stopped", file=sys.stderr)
+        from rlfleet.local.resume_notes import interrupted_note
+
+        print("\n" + (interrupted_note(cfg.run_dir, ns.config, ns.set, cfg.trainer.steps) if cfg is not None
+                      else "rlfleet: interrupted"), file=sys.stderr)
         return 130
 
 

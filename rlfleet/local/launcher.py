@@ -22,12 +22,14 @@ from rlfleet.local.placement import thread_env
 from rlfleet.local.preflight import check_run
 from rlfleet.local.processes import Child, exit_reason, stop_together
 from rlfleet.local.report import MetricsTail, Progress, format_summary, reward_curve, summarize
+from rlfleet.local.resume_notes import resumed_note
 from rlfleet.local.scaling import ReplicaStatus, read_request, write_status
 from rlfleet.local.warm_interpreters import WarmInterpreters, placements, service_env
 from rlfleet.plugins import load_callable
 from rlfleet.protocols import ModelPrepareFn
 from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.runtime.ports import free_ports
+from rlfleet.runtime.progress import PROGRESS_DIR
 from rlfleet.runtime.rpc import channel, wait_healthy
 from rlfleet.security.credentials import load_credential
 from rlfleet.security.identity import IDENTITY_DIR_ENV, IDENTITY_ENV, Credential
@@ -102,8 +104,7 @@ def prepare_model(cfg: Config) -> Config:
 
     if not cfg.model_path.is_dir() and is_gguf_path(cfg.model_path) and not cfg.model.prepare:
         out = converted_folder(cfg.run_dir)
-        print(f"rlfleet: converting GGUF {cfg.model_path} to {out} ({cfg.model.dtype}; once)", file=sys.stderr)
-        try:
+        try:                                 # prints its progress when it converts; silent when `out` is current
             import_gguf(cfg.model_path, out, cfg.model.dtype)
         except ModelError as exc:
             raise RunError(str(exc)) from None
@@ -357,6 +358,8 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
     try:
         check_run(cfg, trainer_check=warm.check_trainer)
         resolved = prepare_model(resolve(cfg, fresh=fresh, resume=resume))
+        if resolved.run.resume:
+            print(resumed_note(resolved.run_dir, resolved.trainer.steps), file=sys.stderr)
         resolved = with_endpoints(resolved)
         config_path = resolved.run_dir / "config.resolved.yaml"
         dump_config(resolved, config_path)
@@ -367,7 +370,9 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
 
 def _run(resolved: Config, config_path: Path, source: Path, warm: WarmInterpreters) -> RunResult:
     local = LocalRun(resolved, config_path, warm=warm)
-    progress = Progress(resolved.trainer.steps)
+    shutil.rmtree(resolved.run_dir / PROGRESS_DIR, ignore_errors=True)     # phases of an earlier invocation
+    progress = Progress(resolved.trainer.steps, run_dir=resolved.run_dir, eval_every=resolved.eval.every_steps,
+                        has_eval=resolved.has_eval)
     tail = MetricsTail(resolved.run_dir / "metrics" / "trainer.jsonl")
     started = time.monotonic()
     drawing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-curve")
