@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from rlfleet.config import Config, ConfigError, dump_config
+from rlfleet.local.openai_address import GATEWAY_FILE, endpoint_note, gateway_port
 from rlfleet.local.placement import thread_env
 from rlfleet.local.preflight import check_run
 from rlfleet.local.processes import Child, exit_reason, stop_together
@@ -73,8 +74,10 @@ def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
             (run_dir / f).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     data = cfg.model_dump(mode="json")
-    data["security"] = prepare_security(cfg, run_dir)      # run CA + certificates, signing key, or the token
+    data["security"] = prepare_security(cfg, run_dir, resume=bool(resume or cfg.run.resume))   # run CA, keys
     data["run"]["resume"] = bool(resume or cfg.run.resume)
+    if cfg.rollout.openai.enabled:              # the same port after --resume: an outside agent reconnects
+        data["rollout"]["openai"]["gateway_port"] = gateway_port(cfg, bool(resume or cfg.run.resume))
     data["run"]["dir"] = str(run_dir.resolve())
     data["model"]["path"] = str(cfg.model_path.resolve())
     for section in ("rollout", "eval"):              # dataset files: relative to the folder rlfleet runs in
@@ -221,8 +224,23 @@ class LocalRun:
         self._wait([cfg.endpoints.buffer, cfg.endpoints.weight_sync], 60)
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
         if cfg.rollout.openai.enabled:                # one entry point: each session to one replica
+            (self.run_dir / GATEWAY_FILE).unlink(missing_ok=True)       # an earlier launch's
             self._start("openai-gateway", "rlfleet.services.rollout.openai_api", [])
             self._write_processes()
+            self._announce_gateway()
+
+    def _announce_gateway(self, timeout: float = 60.0) -> None:
+        """Print the gateway's URL and where its key is, once it has written its address."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_children()
+            try:
+                base_url = json.loads((self.run_dir / GATEWAY_FILE).read_text())["base_url"]
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.1)
+                continue
+            print(endpoint_note(self.cfg, base_url), file=sys.stderr)
+            return
 
     # -- scaling rollout mid-run (rlfleet/local/scaling.py)
     # ----------------------------------------------------------------
