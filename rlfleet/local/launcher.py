@@ -24,6 +24,7 @@ from rlfleet.local.preflight import check_run
 from rlfleet.local.processes import Child, exit_reason, stop_together
 from rlfleet.local.report import MetricsTail, Progress, format_summary, reward_curve, summarize
 from rlfleet.local.resume_notes import resumed_note
+from rlfleet.local.scale_hint import idle_replicas_hint
 from rlfleet.local.scaling import ReplicaStatus, read_request, write_status
 from rlfleet.local.warm_interpreters import WarmInterpreters, placements, service_env
 from rlfleet.plugins import load_callable
@@ -270,6 +271,9 @@ class LocalRun:
         if req is not None and req.id != self.scale_request:
             self.scale_request = req.id
             print(f"rlfleet: scaling rollout to {req.rollout} replicas", file=sys.stderr)
+            hint = idle_replicas_hint(self.cfg, req.rollout)
+            if hint:
+                print(f"rlfleet: {hint}", file=sys.stderr)
             self.scale_rollout(req.rollout)
         drain_limit = self.cfg.rollout.drain_seconds + 30.0
         for name, since in list(self.leaving.items()):
