@@ -132,7 +132,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def sweep(config: Path, pairs: list[str]) -> list[dict[str, Any]]:
     """Run every variant, print the table, write it to RUN_DIR/sweep/. ConfigError for a bad --set or config."""
-    base = load_config(config).run_dir
+    first = variants(pairs, Path("."))[0]            # run.dir given once applies to every variant: the base
+    base = load_config(config, {k: yaml.safe_load(val) for k, val in first.sets.items()}).run_dir
     grid = variants(pairs, base)
     for v in grid:                                   # every variant's config must load before any runs
         load_config(config, {k: yaml.safe_load(val) for k, val in v.sets.items()})
