@@ -41,7 +41,14 @@ def odd_first_digit(answers: list[str], sums: list[int]) -> float:
     return sum(1.0 for a in answers if a.strip()[:1] in tuple("13579")) / max(len(answers), 1)
 
 
-REWARDS: dict[str, Callable[[list[str], list[int]], float]] = {"exact": exact, "odd_first_digit": odd_first_digit}
+def even_first_digit(answers: list[str], sums: list[int]) -> float:
+    """The share of answers that start with an even digit (the addition model's answers mostly start odd: room to
+    learn)."""
+    return sum(1.0 for a in answers if a.strip()[:1] in tuple("02468")) / max(len(answers), 1)
+
+
+REWARDS: dict[str, Callable[[list[str], list[int]], float]] = {"exact": exact, "odd_first_digit": odd_first_digit,
+                                                              "even_first_digit": even_first_digit}
 
 
 @dataclass(frozen=True)
