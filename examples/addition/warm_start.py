@@ -97,7 +97,7 @@ def supervised(model, tok, steps: int, seed: int, batch: int = SFT_BATCH, lr: fl
         progress.update(step)
         if target is not None and step % check_every == 0:
             probe_exact = exact_match(model, tok, probe_rows)
-            progress.update(step, f"probe exact {probe_exact:.2f}")
+            progress.detail = f"probe exact {probe_exact:.2f}"
             if probe_exact >= target:
                 break
     progress.finish()

@@ -99,12 +99,12 @@ class PhaseProgress:
 
     def __init__(self, phase: str, total: float, unit: str, stream: TextIO | None = sys.stderr,
                  path: Path | None = None, every: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, detail: str = "") -> None:
         self.phase, self.total, self.unit = phase, float(total), unit
         self.stream, self.path, self.every, self.clock = stream, path, every, clock
         self.tty = bool(stream is not None and stream.isatty())
         self.done = 0.0
-        self.detail = ""
+        self.detail = detail
         self.finished = False
         self._start = clock()
         self._started_at = time.time()
@@ -122,11 +122,13 @@ class PhaseProgress:
         self._report()
 
     def update(self, done: float, detail: str | None = None) -> None:
+        """`detail`: a new note (a new stage) is reported at once."""
         with self._lock:
             self.done = float(done)
+            changed = detail is not None and detail != self.detail
             if detail is not None:
                 self.detail = detail
-        self._report()
+        self._report(force=changed)
 
     def finish(self) -> None:
         with self._lock:

@@ -86,10 +86,10 @@ def import_gguf(gguf: Path, out: Path, dtype: str) -> Path:
     from rlfleet.runtime.progress import PhaseProgress
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    progress = PhaseProgress(f"converting GGUF {gguf.name} to {out} ({dtype}; once)", 3, "stages", every=10.0)
+    progress = PhaseProgress(f"converting GGUF {gguf.name} to {out} ({dtype}; once)", 3, "stages", every=10.0,
+                             detail="reading and dequantizing the GGUF")
     try:
         with progress.ticking():
-            progress.update(0, "reading and dequantizing the GGUF")
             loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch_dtype)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as exc:  # noqa: BLE001 - transformers' GGUF errors vary: report them as one
