@@ -91,18 +91,26 @@ class ProgressState:
                    started_at=float(data.get("started_at", 0.0)), detail=str(data.get("detail", "")))
 
 
+class _Stderr:
+    """The default stream: sys.stderr when the reporter is made (not when this module was imported)."""
+
+
+STDERR = _Stderr()
+
+
 class PhaseProgress:
     """Reports one phase. `advance(n)` / `update(done)` as work completes, `finish()` at the end (or use it as a
     context manager). Lines go to `stream` (None: no console) at most every `every` seconds, plus the first and the
     last; on a terminal the line is rewritten in place. `path`: the state file the launcher reads (written on each
     report, atomically)."""
 
-    def __init__(self, phase: str, total: float, unit: str, stream: TextIO | None = sys.stderr,
+    def __init__(self, phase: str, total: float, unit: str, stream: TextIO | None | _Stderr = STDERR,
                  path: Path | None = None, every: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, detail: str = "") -> None:
         self.phase, self.total, self.unit = phase, float(total), unit
-        self.stream, self.path, self.every, self.clock = stream, path, every, clock
-        self.tty = bool(stream is not None and stream.isatty())
+        self.stream = sys.stderr if isinstance(stream, _Stderr) else stream    # sys.stderr as it is now
+        self.path, self.every, self.clock = path, every, clock
+        self.tty = bool(self.stream is not None and self.stream.isatty())
         self.done = 0.0
         self.detail = detail
         self.finished = False
