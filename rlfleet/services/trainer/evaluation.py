@@ -33,6 +33,7 @@ GENERATE_TIMEOUT = 900.0     # seconds for one replica's share (it may first wai
 # engine may take longer to start than the usual patience (an SGLang server on a busy CPU: 50-60 s measured); the
 # launcher gives the replicas 300 s to become healthy, so the first eval waits as long. Once answered: PATIENCE.
 STARTUP_PATIENCE = 300.0
+PROGRESS_PARTS = 3           # requests at once per replica (more than rollout.max_batch_size prompts: more, in turn)
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
@@ -106,21 +107,30 @@ class Evaluator:
         write_heldout(self.run_dir / HELDOUT_FILE, self.prompts, source)
 
     def _generate(self, client: RolloutClient, rows: Sequence[int], version: int) -> list[rollout_pb2.Generation]:
-        out: list[rollout_pb2.Generation] = []
-        for lo in range(0, len(rows), self.batch_size):
-            chunk = rows[lo:lo + self.batch_size]
-            req = rollout_pb2.GenerateRequest(input_ids=[pack_i32(self.encoded[i]) for i in chunk],
-                                              sampling=self.sampling, min_version=version, return_logprobs=True)
-            patience = PATIENCE if client.address in self._answered else STARTUP_PATIENCE
-            reply = client.generate(req, GENERATE_TIMEOUT, patience)
-            self._answered.add(client.address)
-            if len(reply.generations) != len(chunk):
-                raise RuntimeError(f"Rollout.Generate at {client.address} returned {len(reply.generations)} "
-                                   f"generations for {len(chunk)} prompts")
-            out.extend(reply.generations)
-            if self._progress is not None:
-                self._progress.advance(len(chunk))
-        return out
+        """The rows' greedy generations on one replica, in PROGRESS_PARTS requests sent at once (the engine batches
+        them together, up to rollout.max_batch_size; a replica serves one caller at most 4 calls at a time): each
+        answered request advances the progress line."""
+        size = max(1, min(self.batch_size, -(-len(rows) // PROGRESS_PARTS)))
+        chunks = [rows[lo:lo + size] for lo in range(0, len(rows), size)]
+        if not chunks:
+            return []
+        patience = PATIENCE if client.address in self._answered else STARTUP_PATIENCE
+        with ThreadPoolExecutor(max_workers=min(len(chunks), PROGRESS_PARTS), thread_name_prefix="eval-part") as pool:
+            parts = list(pool.map(lambda c: self._request(client, c, version, patience), chunks))
+        self._answered.add(client.address)
+        return [g for part in parts for g in part]
+
+    def _request(self, client: RolloutClient, chunk: Sequence[int], version: int,
+                 patience: float) -> list[rollout_pb2.Generation]:
+        req = rollout_pb2.GenerateRequest(input_ids=[pack_i32(self.encoded[i]) for i in chunk],
+                                          sampling=self.sampling, min_version=version, return_logprobs=True)
+        reply = client.generate(req, GENERATE_TIMEOUT, patience)
+        if len(reply.generations) != len(chunk):
+            raise RuntimeError(f"Rollout.Generate at {client.address} returned {len(reply.generations)} "
+                               f"generations for {len(chunk)} prompts")
+        if self._progress is not None:
+            self._progress.advance(len(chunk))
+        return list(reply.generations)
 
     def _generate_any(self, first: int, rows: Sequence[int], version: int) -> list[rollout_pb2.Generation]:
         """Generate on replica `first`; if it stays unreachable (dead, being restarted), on the next replicas."""
