@@ -138,11 +138,14 @@ class PhaseProgress:
                 self.detail = detail
         self._report(force=changed)
 
-    def finish(self) -> None:
+    def finish(self, done: float | None = None) -> None:
+        """The phase is over (`done`: its final count, else the count so far): one last line."""
         with self._lock:
             if self.finished:
                 return
             self.finished = True
+            if done is not None:
+                self.done = float(done)
         self._report(force=True)
         if self.tty and self.stream is not None:
             self.stream.write("\n")

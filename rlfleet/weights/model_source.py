@@ -110,6 +110,6 @@ def import_gguf(gguf: Path, out: Path, dtype: str) -> Path:
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
-    progress.update(3, "")
-    progress.finish()
+    progress.detail = ""
+    progress.finish(3)
     return out
