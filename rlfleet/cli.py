@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     p_chart = sub.add_parser("chart-check", help="check a stack of Helm values files against the GPUs, memory and "
                              "model they name (before helm install)")
     p_chart.add_argument("values", nargs="+", help="values files, in -f order")
+    p_sweep = sub.add_parser("sweep", help="run CONFIG once per combination of --set values, then print one table")
+    p_sweep.add_argument("config")
+    p_sweep.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...",
+                         help="values to sweep, comma-separated (one value: a plain override), e.g. "
+                              "--set trainer.lr=1e-6,1e-5")
     p_scale = sub.add_parser("scale", help="change the rollout replica count of a live local run")
     p_scale.add_argument("run_dir", help="the run folder (run.dir) of a live `rlfleet run`")
     p_scale.add_argument("target", help="rollout=N")
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if ns.command == "scale":
-        from rlfleet.local.scaling import ScaleError, scale
+        from rlfleet.local.scaling import ScaleError, scale, scale_hint
 
         try:
             status = scale(Path(ns.run_dir), ns.target, ns.timeout)
@@ -65,11 +70,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlfleet scale: {exc}", file=sys.stderr)
             return 2
         print(f"rollout replicas: {len(status.running)} ({', '.join(status.running)})")
+        hint = scale_hint(Path(ns.run_dir), len(status.running))
+        if hint:
+            print(f"note: {hint}")
         return 0
     if ns.command == "chart-check":
         from rlfleet.chart.report import main as chart_check
 
         return chart_check([Path(v) for v in ns.values])
+    if ns.command == "sweep":
+        from rlfleet.local.sweep import sweep
+
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            rows = sweep(Path(ns.config), ns.set)
+        except ConfigError as exc:
+            print(f"rlfleet sweep: {exc}", file=sys.stderr)
+            return 2
+        return 0 if all(r["exit"] == 0 for r in rows) else 1
     if ns.command == "check" and ns.explain is not None:
         try:
             print(explain(ns.explain))
@@ -93,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.local.launcher import RunError, run
     from rlfleet.local.preflight import check_run
 
+    cfg = None
     try:
         cfg = load_config(ns.config, _overrides(ns.set))
         if ns.command == "check":
@@ -108,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nrlfleet: run failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("\nrlfleet: interrupted; every service stopped", file=sys.stderr)
+        from rlfleet.local.resume_notes import interrupted_note
+
+        print("\n" + (interrupted_note(cfg.run_dir, ns.config, ns.set, cfg.trainer.steps) if cfg is not None
+                      else "rlfleet: interrupted"), file=sys.stderr)
         return 130
 
 

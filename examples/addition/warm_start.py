@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 
 from examples.addition.data import train_prompts
 from examples.addition.model import build_random_model
+from rlfleet.runtime.progress import PhaseProgress
 
 SFT_BATCH = 64
 SFT_LR = 1e-3
@@ -79,6 +80,8 @@ def supervised(model, tok, steps: int, seed: int, batch: int = SFT_BATCH, lr: fl
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     step = 0
+    until = f" until {target:.0%} of the probe is exact" if target is not None else ""
+    progress = PhaseProgress(f"warm start: supervised steps{until} (at most {steps})", steps, "steps")
     while step < steps:
         if len(encoded) < (step + 1) * batch:
             encoded += _encode(tok, [data[i] for i in range(len(encoded), min(len(encoded) + chunk, steps * batch))])
@@ -91,8 +94,13 @@ def supervised(model, tok, steps: int, seed: int, batch: int = SFT_BATCH, lr: fl
         loss.backward()
         opt.step()
         step += 1
-        if target is not None and step % check_every == 0 and exact_match(model, tok, probe_rows) >= target:
-            break
+        progress.update(step)
+        if target is not None and step % check_every == 0:
+            probe_exact = exact_match(model, tok, probe_rows)
+            progress.detail = f"probe exact {probe_exact:.2f}"
+            if probe_exact >= target:
+                break
+    progress.finish()
     model.eval()
     return step
 

@@ -3,17 +3,34 @@ writing the resolved config into the run folder."""
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from rlfleet.config.field_docs import section_model
 from rlfleet.config.root import MOVED_FIELDS, Config
 
 
 class ConfigError(ValueError):
     """The config file is missing, unreadable, or has a wrong field."""
+
+
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """'; did you mean X?' from the names of the section the unknown field sits in, or the section's field list."""
+    model: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        model = section_model(field.annotation) if field is not None else None
+    if model is None:
+        return " (check the spelling)"
+    names = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), names, n=3, cutoff=0.6)
+    if close:
+        return f"; did you mean {' or '.join(close)}?"
+    return f" (this section's fields: {', '.join(names)})"
 
 
 def _format_errors(exc: ValidationError, source: str) -> str:
@@ -25,7 +42,7 @@ def _format_errors(exc: ValidationError, source: str) -> str:
         elif loc in MOVED_FIELDS:
             msg = f"moved: write {MOVED_FIELDS[loc]}"
         else:
-            msg = "unknown field (check the spelling)"
+            msg = "unknown field" + _did_you_mean(err["loc"])
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 

@@ -122,6 +122,9 @@ class FileDataSource:
         rows = ds.to_list()
         for i, row in enumerate(rows):
             where = f"{self.path} row {i + 1}"
+            for f in wanted:                          # a JSONL row without the key reads as None (null)
+                if row[f] is None:
+                    raise DataError(f"{where}: field '{f}' is missing (or null)")
             if cfg.prompt_field:
                 value = row[cfg.prompt_field]
                 if not isinstance(value, str) or not value.strip():
@@ -129,8 +132,6 @@ class FileDataSource:
             else:
                 row[cfg.messages_field] = _check_messages(row[cfg.messages_field],
                                                           f"{where}: field '{cfg.messages_field}'")
-            if cfg.label_field and row[cfg.label_field] is None:
-                raise DataError(f"{where}: field '{cfg.label_field}' is empty")
         return rows
 
     def __len__(self) -> int:

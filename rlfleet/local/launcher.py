@@ -18,16 +18,20 @@ from typing import Any
 import grpc
 
 from rlfleet.config import Config, ConfigError, dump_config
+from rlfleet.local.openai_address import GATEWAY_FILE, endpoint_note, gateway_port
 from rlfleet.local.placement import thread_env
 from rlfleet.local.preflight import check_run
 from rlfleet.local.processes import Child, exit_reason, stop_together
 from rlfleet.local.report import MetricsTail, Progress, format_summary, reward_curve, summarize
+from rlfleet.local.resume_notes import resumed_note
+from rlfleet.local.scale_hint import idle_replicas_hint
 from rlfleet.local.scaling import ReplicaStatus, read_request, write_status
 from rlfleet.local.warm_interpreters import WarmInterpreters, placements, service_env
 from rlfleet.plugins import load_callable
 from rlfleet.protocols import ModelPrepareFn
 from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.runtime.ports import free_ports
+from rlfleet.runtime.progress import PROGRESS_DIR
 from rlfleet.runtime.rpc import channel, wait_healthy
 from rlfleet.security.credentials import load_credential
 from rlfleet.security.identity import IDENTITY_DIR_ENV, IDENTITY_ENV, Credential
@@ -71,8 +75,10 @@ def resolve(cfg: Config, fresh: bool, resume: bool) -> Config:
             (run_dir / f).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     data = cfg.model_dump(mode="json")
-    data["security"] = prepare_security(cfg, run_dir)      # run CA + certificates, signing key, or the token
+    data["security"] = prepare_security(cfg, run_dir, resume=bool(resume or cfg.run.resume))   # run CA, keys
     data["run"]["resume"] = bool(resume or cfg.run.resume)
+    if cfg.rollout.openai.enabled:              # the same port after --resume: an outside agent reconnects
+        data["rollout"]["openai"]["gateway_port"] = gateway_port(cfg, bool(resume or cfg.run.resume))
     data["run"]["dir"] = str(run_dir.resolve())
     data["model"]["path"] = str(cfg.model_path.resolve())
     for section in ("rollout", "eval"):              # dataset files: relative to the folder rlfleet runs in
@@ -102,8 +108,7 @@ def prepare_model(cfg: Config) -> Config:
 
     if not cfg.model_path.is_dir() and is_gguf_path(cfg.model_path) and not cfg.model.prepare:
         out = converted_folder(cfg.run_dir)
-        print(f"rlfleet: converting GGUF {cfg.model_path} to {out} ({cfg.model.dtype}; once)", file=sys.stderr)
-        try:
+        try:                                 # prints its progress when it converts; silent when `out` is current
             import_gguf(cfg.model_path, out, cfg.model.dtype)
         except ModelError as exc:
             raise RunError(str(exc)) from None
@@ -220,8 +225,23 @@ class LocalRun:
         self._wait([cfg.endpoints.buffer, cfg.endpoints.weight_sync], 60)
         self._wait([*cfg.endpoints.rollout, cfg.endpoints.trainer], 300)
         if cfg.rollout.openai.enabled:                # one entry point: each session to one replica
+            (self.run_dir / GATEWAY_FILE).unlink(missing_ok=True)       # an earlier launch's
             self._start("openai-gateway", "rlfleet.services.rollout.openai_api", [])
             self._write_processes()
+            self._announce_gateway()
+
+    def _announce_gateway(self, timeout: float = 60.0) -> None:
+        """Print the gateway's URL and where its key is, once it has written its address."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_children()
+            try:
+                base_url = json.loads((self.run_dir / GATEWAY_FILE).read_text())["base_url"]
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.1)
+                continue
+            print(endpoint_note(self.cfg, base_url), file=sys.stderr)
+            return
 
     # -- scaling rollout mid-run (rlfleet/local/scaling.py)
     # ----------------------------------------------------------------
@@ -251,6 +271,9 @@ class LocalRun:
         if req is not None and req.id != self.scale_request:
             self.scale_request = req.id
             print(f"rlfleet: scaling rollout to {req.rollout} replicas", file=sys.stderr)
+            hint = idle_replicas_hint(self.cfg, req.rollout)
+            if hint:
+                print(f"rlfleet: {hint}", file=sys.stderr)
             self.scale_rollout(req.rollout)
         drain_limit = self.cfg.rollout.drain_seconds + 30.0
         for name, since in list(self.leaving.items()):
@@ -357,6 +380,8 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
     try:
         check_run(cfg, trainer_check=warm.check_trainer)
         resolved = prepare_model(resolve(cfg, fresh=fresh, resume=resume))
+        if resolved.run.resume:
+            print(resumed_note(resolved.run_dir, resolved.trainer.steps), file=sys.stderr)
         resolved = with_endpoints(resolved)
         config_path = resolved.run_dir / "config.resolved.yaml"
         dump_config(resolved, config_path)
@@ -367,7 +392,9 @@ def run(cfg: Config, source: Path, fresh: bool = False, resume: bool = False) ->
 
 def _run(resolved: Config, config_path: Path, source: Path, warm: WarmInterpreters) -> RunResult:
     local = LocalRun(resolved, config_path, warm=warm)
-    progress = Progress(resolved.trainer.steps)
+    shutil.rmtree(resolved.run_dir / PROGRESS_DIR, ignore_errors=True)     # phases of an earlier invocation
+    progress = Progress(resolved.trainer.steps, run_dir=resolved.run_dir, eval_every=resolved.eval.every_steps,
+                        has_eval=resolved.has_eval)
     tail = MetricsTail(resolved.run_dir / "metrics" / "trainer.jsonl")
     started = time.monotonic()
     drawing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-curve")

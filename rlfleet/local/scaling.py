@@ -120,3 +120,16 @@ def scale(run_dir: Path, target: str, timeout: float = 300.0, poll: float = 0.25
             raise ScaleError(f"the run in {run_dir} did not reach rollout={req.rollout} within {timeout:.0f}s "
                              f"(last status: {status})")
         time.sleep(poll)
+
+
+def scale_hint(run_dir: Path, replicas: int) -> str | None:
+    """rlfleet/local/scale_hint.py's sentence for the run in `run_dir` at `replicas` replicas (None: all can work, or
+    the run's config cannot be read)."""
+    from rlfleet.config import ConfigError, load_config
+    from rlfleet.local.scale_hint import idle_replicas_hint
+
+    try:
+        cfg = load_config(run_dir / "config.resolved.yaml")
+    except ConfigError:
+        return None
+    return idle_replicas_hint(cfg, replicas)

@@ -33,14 +33,14 @@ def components(cfg: Config) -> list[tuple[str, str]]:
             + [("buffer", "buffer"), ("weight_sync", "weight_sync")])
 
 
-def prepare_security(cfg: Config, run_dir: Path) -> dict[str, Any]:
+def prepare_security(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """The resolved `security` section, after making what its mode needs in the run folder.
 
     mtls: pki_dir is RUN/pki/ (0700), which holds only public material and, with rollout.openai.enabled, the
-    endpoint's API key openai-api.key (0600); the run CA and each process's own folder are made by the launcher
-    (rlfleet/security/local_pki.py), the CA key in its memory only. Every mode but none: an Ed25519 weight-signing
-    key pair, the private key in RUN/pki/signing/ (0700, 0600), named to the trainer processes alone
-    (RLFLEET_SIGNING_KEY, not in the shared config); token: RUN/run.token (0600).
+    endpoint's API key openai-api.key (0600; made fresh by each launch, kept by a `resume`); the run CA and each
+    process's own folder are made by the launcher (rlfleet/security/local_pki.py), the CA key in its memory only.
+    Every mode but none: an Ed25519 weight-signing key pair, the private key in RUN/pki/signing/ (0700, 0600), named
+    to the trainer processes alone (RLFLEET_SIGNING_KEY, not in the shared config); token: RUN/run.token (0600).
     """
     sec = cfg.security.model_dump()
     mode = security_mode(cfg.security.mode)
@@ -54,11 +54,14 @@ def prepare_security(cfg: Config, run_dir: Path) -> dict[str, Any]:
         sec["pki_dir"] = str(pki.resolve())
     if mode.uses_token and not cfg.security.token_file:
         token_file = run_dir / "run.token"
-        write_secret(token_file, secrets.token_urlsafe(32).encode())
+        if not (resume and token_file.is_file()):          # a resume keeps it (the OpenAI endpoint's key too)
+            write_secret(token_file, secrets.token_urlsafe(32).encode())
         sec["token_file"] = str(token_file.resolve())
-    if mode.uses_pki and cfg.rollout.openai.enabled and not cfg.rollout.openai.api_key_file:
-        # a fresh key at every launch, as the run CA: a key of an earlier launch stops being accepted
-        write_secret(Path(sec["pki_dir"]) / OPENAI_API_KEY, secrets.token_urlsafe(32).encode())
+    key_file = Path(str(sec.get("pki_dir") or "")) / OPENAI_API_KEY
+    if mode.uses_pki and cfg.rollout.openai.enabled and not cfg.rollout.openai.api_key_file \
+            and not (resume and key_file.is_file()):
+        # a fresh key at every launch but a resume (which keeps it: an agent outside the run reconnects with it)
+        write_secret(key_file, secrets.token_urlsafe(32).encode())
     if not cfg.security.signing_key and not cfg.security.signing_public_key:
         private = launcher_signing_key(run_dir)
         _private_dir(private.parent)

@@ -270,8 +270,9 @@ def test_trainer_process_trains_publishes_checkpoints_acks_and_resumes(tmp_path:
     order = [(e[0], e[1]) for e in peers.events if e[0] in ("ack", "publish", "get")]
     assert order.index(("publish", 2)) < order.index(("ack", 1)) < order.index(("get", 2))
 
-    # eval before and after training, greedy, on the current version
-    assert [g[1:] for g in peers.of("generate")] == [(4, 0, 0.0, 3), (4, 3, 0.0, 3)]
+    # eval before and after training, greedy, on the current version: the 4 prompts in requests of 2 sent at once
+    # (each answered request moves the evaluation's progress line)
+    assert [g[1:] for g in peers.of("generate")] == [(2, 0, 0.0, 3)] * 2 + [(2, 3, 0.0, 3)] * 2
     records = read_jsonl(run_dir / "metrics" / "trainer.jsonl")
     evals = [r for r in records if "eval/pass_rate" in r]
     assert [(r["step"], r["eval/pass_rate"], r["eval/reward_mean"]) for r in evals] == [(0, 0.25, 0.25),

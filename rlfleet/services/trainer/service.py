@@ -253,7 +253,10 @@ class Trainer:
 
         def run() -> dict[str, float]:
             assert leader.evaluator is not None
-            metrics = leader.evaluator.run(self.version)
+            steps = self.cfg.trainer.steps
+            phase = ("evaluation before training" if step == 0 else "evaluation after training" if step >= steps
+                     else f"evaluation at step {step}")
+            metrics = leader.evaluator.run(self.version, step, phase)
             leader.jsonl.write({"step": step, "version": self.version, **metrics})
             return metrics
         return leader_work(run, self.device, self._heartbeat, "evaluation") or {}

@@ -26,6 +26,14 @@ def test_misspelt_field_names_field_and_file(tmp_path: Path) -> None:
         load_config(bad)
     msg = str(info.value)
     assert str(bad) in msg and "buffer.max_stalenes" in msg and "unknown field" in msg
+    assert "did you mean max_staleness?" in msg
+
+
+def test_unknown_field_with_no_close_name_lists_its_sections_fields(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("  bucket_mb: 4", "  zzz: 4"))
+    msg = str(pytest.raises(ConfigError, load_config, bad).value)
+    assert "weight_sync.zzz: unknown field (this section's fields: " in msg and "bucket_mb" in msg
 
 
 def test_wrong_type_and_range(tmp_path: Path) -> None:

@@ -100,7 +100,8 @@ def test_messages_field(tmp_path: Path) -> None:
      r"d.jsonl: no column 'solution' \(columns: question, answer\)"),
     ('{"question": "a", "answer": 1}\n{"question": "", "answer": 2}\n', {},
      r"d.jsonl row 2: field 'question' is empty"),
-    ('{"question": "a", "answer": 1}\n{"question": "b"}\n', {}, r"d.jsonl row 2: field 'answer' is empty"),
+    ('{"question": "a", "answer": 1}\n{"question": "b"}\n', {}, r"d.jsonl row 2: field 'answer' is missing"),
+    ('{"question": "a", "answer": 1}\n{"answer": 2}\n', {}, r"d.jsonl row 2: field 'question' is missing"),
     ('[1, 2]\n', {}, r"d.jsonl row 1: expected a JSON object"),
 ])
 def test_bad_files_are_refused_naming_file_row_field(tmp_path: Path, content: str, kw: dict, expected: str) -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from rlfleet.config import ConfigError, load_config
+from rlfleet.local.openai_address import GATEWAY_FILE
 from rlfleet.run_dir.atomic import write_text_atomic
 from rlfleet.runtime.service_main import serve_until, stop_on_signals
 from rlfleet.security.credentials import read_token
@@ -24,7 +25,7 @@ from rlfleet.services.rollout.openai_api.credentials import LOOPBACK, api_keys
 from rlfleet.services.rollout.openai_api.gateway import OpenAIGateway, Routes, http_router, replicas_in
 from rlfleet.services.rollout.openai_api.serve import ADDRESS_DIR
 
-GATEWAY_FILE = "openai_gateway.json"
+__all__ = ["GATEWAY_FILE", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:

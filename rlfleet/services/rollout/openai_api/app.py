@@ -3,6 +3,7 @@ the turn. A request without a session id is answered the same way from a throwaw
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 from rlfleet.protocols import Generation, SamplingParams
 from rlfleet.services.rollout.engines.base import Abortable, Engine, EngineError, Streaming
+from rlfleet.services.rollout.openai_api.rewarded import MAX_GROUP_KEY, RewardedSession, RewardedSessions
 from rlfleet.services.rollout.openai_api.sessions import SessionStore
 from rlfleet.services.rollout.openai_api.wire import Completion, RequestError, messages_of, prompt_of, sampling_of
 from rlfleet.services.rollout.tito import TitoError, TitoSession
@@ -44,6 +46,21 @@ class Turn:
     deadline: float              # time.monotonic() after which finish aborts the generation
 
 
+def reward_of(body: Mapping[str, Any]) -> tuple[float, str | None]:
+    """(reward, group key) of a reward body {"reward": <finite number>, "group": <optional string>}."""
+    value = body.get("reward")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(f"'reward' must be a finite number, got {value!r:.40}")
+    group = body.get("group")
+    if group is not None and (not isinstance(group, str) or not 0 < len(group) <= MAX_GROUP_KEY):
+        raise RequestError(f"'group' must be a string of 1 to {MAX_GROUP_KEY} characters")
+    unknown = set(body) - {"reward", "group"}
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(sorted(unknown))}: a reward body holds 'reward' and "
+                           "optionally 'group'")
+    return float(value), group
+
+
 class OpenAIApp:
     """Thread-safe: every HTTP request thread calls chat / complete."""
 
@@ -53,6 +70,18 @@ class OpenAIApp:
         self.settings = settings
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future[Generation]] = {}     # session id -> its engine request now
+        self.rewarded = RewardedSessions()                      # finished external sessions, waiting for a group
+
+    def reward(self, session_id: str, body: Mapping[str, Any], owner: str | None) -> int:
+        """`POST /v1/sessions/<id>/reward`: the session (opened under `owner`) leaves the store with its reward and
+        waits for a group (rewarded.py). Returns how many wait now. RequestError for a bad body or a session with no
+        completion; SessionNotFound (unknown, or another key's), ConflictError (a completion in flight),
+        TooManyWaiting (rewarded.py)."""
+        reward, group = reward_of(body)
+        session = self.store.take_owned(session_id, owner)
+        if not session.model_turns:
+            raise RequestError(f"session {session_id!r} has no completion to train on")
+        return self.rewarded.put(RewardedSession(session_id, session, reward, group))
 
     def abort_sessions(self, prefix: str) -> int:
         """Abort the engine requests in flight of the sessions whose id starts with `prefix` (a group the buffer

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from rlfleet.protocols import GroupTicket
+from rlfleet.services.rollout.openai_api.rewarded import RewardedSessions
 from rlfleet.services.rollout.openai_api.server import SESSION_HEADER
 from rlfleet.services.rollout.openai_api.sessions import SessionStore
 from rlfleet.services.rollout.tito import TitoSession
@@ -31,6 +32,7 @@ class OpenAIEndpoint:
     api_key: str             # "none" when the run has no authentication (the client insists on some string)
     store: SessionStore
     abort_sessions: Callable[[str], int] = lambda prefix: 0     # engine requests in flight of sessions `prefix*`
+    rewarded: RewardedSessions = field(default_factory=RewardedSessions)   # sessions external agents rewarded
 
     def abort_group(self, group_id: str) -> int:
         """Abort the in-flight completions of the group's sessions (ids from session_id begin with the group id)."""

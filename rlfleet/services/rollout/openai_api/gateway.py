@@ -28,12 +28,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from rlfleet.services.rollout.openai_api.background import MAX_CONNECTIONS, BackgroundHTTP, ThreadedHTTPServer
 from rlfleet.services.rollout.openai_api.guarded import GuardedHandler
 from rlfleet.services.rollout.openai_api.keys import ApiKeys
-from rlfleet.services.rollout.openai_api.server import MAX_BODY_BYTES, SESSION_HEADER
+from rlfleet.services.rollout.openai_api.server import MAX_BODY_BYTES, REWARD_SUFFIX, SESSION_HEADER, SESSIONS_PATH
 from rlfleet.services.rollout.openai_api.wire import error_body
 from rlfleet.services.rollout.router import NoHealthyReplica, ReplicaRouter
 
@@ -46,6 +46,13 @@ UPSTREAM_SECONDS = 3600.0
 
 class ReplicaUnreachable(OSError):
     """The replica's endpoint could not be connected to (refused, no route, failed TLS): it is marked down."""
+
+
+def session_in_path(path: str) -> str | None:
+    """The session a /v1/sessions/<id>[/reward] request names (routed like that session's completions)."""
+    if not path.startswith(SESSIONS_PATH):
+        return None
+    return unquote(path.removeprefix(SESSIONS_PATH).removesuffix(REWARD_SUFFIX)) or None
 
 
 def replicas_in(folder: Path) -> dict[str, str]:
@@ -159,7 +166,7 @@ class _GatewayHandler(GuardedHandler):
             self._relay(body)
 
     def _relay(self, body: bytes) -> None:
-        session = self.headers.get(SESSION_HEADER) or None
+        session = self.headers.get(SESSION_HEADER) or session_in_path(self.path)
         tried: list[str] = []
         while True:
             try:

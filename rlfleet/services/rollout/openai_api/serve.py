@@ -63,6 +63,7 @@ def start_openai_endpoint(cfg: Config, credential: Credential, index: int, repli
                                                 "rollout": grpc_endpoint}))
     log.info("replica %s serves the OpenAI API at %s (%s)", replica_id, server.base_url,
              "no key" if not keys else f"{len(keys)} bearer key(s)")
-    return ReplicaEndpoint(server, OpenAIEndpoint(server.base_url, key or "none", store, app.abort_sessions),
+    return ReplicaEndpoint(server, OpenAIEndpoint(server.base_url, key or "none", store, app.abort_sessions,
+                                                   app.rewarded),
                            address_file)
 

@@ -3,6 +3,8 @@
     POST /v1/chat/completions   POST /v1/completions   (stream: true answers Server-Sent Events)
     GET  /v1/models             GET  /health (no key needed: probes; 503 when the engine is not serving)
     GET  /v1/sessions/<id>      a session's TITO record (ids, loss mask, logprobs)   DELETE /v1/sessions/<id>
+    POST /v1/sessions/<id>/reward   {"reward": r, "group": optional key}: the finished session becomes a training
+                                sample (rewarded.py; the run's rollout_fn must be external_sessions to take it)
 
 Authentication: `Authorization: Bearer <api key>` (one of the endpoint's keys, compared in constant time);
 requests without it get 401, before any body byte is read. With `tls` (a certificate chain and key, e.g. the
@@ -35,6 +37,7 @@ from rlfleet.services.rollout.openai_api.background import (
 )
 from rlfleet.services.rollout.openai_api.guarded import GuardedHandler
 from rlfleet.services.rollout.openai_api.keys import ApiKeys
+from rlfleet.services.rollout.openai_api.rewarded import TooManyWaiting
 from rlfleet.services.rollout.openai_api.sessions import ConflictError, SessionError, SessionNotFound
 from rlfleet.services.rollout.openai_api.streaming import stream_events
 from rlfleet.services.rollout.openai_api.wire import RequestError, chat_response, completion_response, error_body
@@ -45,6 +48,7 @@ SESSION_HEADER = "X-Session-Id"
 REPLICA_HEADER = "X-Rlfleet-Replica"
 MAX_BODY_BYTES = 8 * 2**20
 SESSIONS_PATH = "/v1/sessions/"
+REWARD_SUFFIX = "/reward"
 
 
 class _Server(ThreadedHTTPServer):
@@ -165,9 +169,29 @@ class _Handler(GuardedHandler):
         found = self.server.app.store.discard(unquote(self.path.removeprefix(SESSIONS_PATH)), self.owner)
         self._send_json(200 if found else 404, {"deleted": found})
 
+    def _reward(self, session_id: str) -> None:
+        body = self._body()
+        if body is None:
+            return
+        try:
+            waiting = self.server.app.reward(session_id, body, self.owner)
+        except RequestError as exc:
+            self._error(400, str(exc), code=exc.code)
+        except SessionNotFound as exc:
+            self._error(404, str(exc), code="not_found")
+        except ConflictError as exc:
+            self._error(409, str(exc), code="session_busy")
+        except TooManyWaiting as exc:
+            self._error(503, str(exc), "server_error", "too_many_waiting")
+        else:
+            self._send_json(200, {"session_id": session_id, "accepted": True, "waiting": waiting})
+
     def do_POST(self) -> None:
         if not self._authorized():
             return                                   # the body is not read: the answer closes the connection
+        if self.path.startswith(SESSIONS_PATH) and self.path.endswith(REWARD_SUFFIX):
+            self._reward(unquote(self.path.removeprefix(SESSIONS_PATH).removesuffix(REWARD_SUFFIX)))
+            return
         routes = {"/v1/chat/completions": True, "/v1/completions": False}
         if self.path not in routes:
             self._error(404, f"no route {self.path}", code="not_found")

@@ -160,6 +160,19 @@ class SessionStore:
             log.warning("session %s taken with a completion in flight", session_id)
         return entry.session
 
+    def take_owned(self, session_id: str, owner: object) -> TitoSession:
+        """Remove and return the session opened under `owner` (an external agent rewarding its episode).
+        SessionNotFound when unknown, another key's, or never answered; ConflictError while a completion of it is in
+        flight (the session stays)."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is None or entry.session is None or not _owned(entry, owner):
+                raise SessionNotFound(f"no session {session_id!r} under this API key")
+            if entry.busy:
+                raise ConflictError(f"session {session_id!r} has a completion in flight")
+            del self._entries[session_id]
+            return entry.session
+
     def record(self, session_id: str, owner: object = ANY_OWNER) -> dict[str, Any] | None:
         """The session's tokens so far as plain data (an external agent's view of what it will be trained on);
         None when unknown or opened under another key than `owner` (ANY_OWNER: in process, unchecked).
