@@ -45,7 +45,7 @@ def _complete_checkpoints(run_dir: Path) -> list[int]:
         if root.is_dir() else []
 
 
-def _wait(predicate, proc: subprocess.Popen, what: str, timeout: float = 300) -> None:  # type: ignore[type-arg]
+def _wait(predicate, proc: subprocess.Popen, what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert proc.poll() is None, f"the run exited ({proc.returncode}) before {what}"

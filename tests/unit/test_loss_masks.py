@@ -4,6 +4,8 @@ unmasked token count (loss_type bnpo), the KL term added unmasked; loss and grad
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 import torch
 
@@ -33,7 +35,7 @@ def _trl(logp: torch.Tensor, keep: torch.Tensor, beta: float = 0.0, entropy_coef
     return (per_token * mask).sum() / mask.sum() - entropy_coef * bonus
 
 
-def _ours(cfg: TrainerConfig) -> tuple[float, torch.Tensor, dict[str, float]]:
+def _ours(cfg: TrainerConfig) -> tuple[float, torch.Tensor, Mapping[str, float]]:
     _, loss_fn = resolve(cfg)
     logp = torch.tensor(LOGP, requires_grad=True)
     batch = train_batch(MASK, rollout=ROLL, old=OLD, ref=REF, extras={ENTROPY: torch.tensor(ENT)})
@@ -43,7 +45,7 @@ def _ours(cfg: TrainerConfig) -> tuple[float, torch.Tensor, dict[str, float]]:
     return out.loss.item(), logp.grad, out.metrics
 
 
-def _check(cfg: TrainerConfig, keep: torch.Tensor, beta: float = 0.0, entropy_coef: float = 0.0) -> dict[str, float]:
+def _check(cfg: TrainerConfig, keep: torch.Tensor, beta: float = 0.0, entropy_coef: float = 0.0) -> Mapping[str, float]:
     loss, grad, metrics = _ours(cfg)
     logp = torch.tensor(LOGP, requires_grad=True)
     ref = _trl(logp, keep, beta, entropy_coef)

@@ -11,7 +11,7 @@ from rlfleet.local.openai_address import gateway_port, key_location
 from rlfleet.security.run_material import OPENAI_API_KEY, prepare_security
 
 
-def _cfg(run_dir: Path):  # type: ignore[no-untyped-def]
+def _cfg(run_dir: Path):
     return parse_config({"run": {"name": "x", "dir": str(run_dir)}, "model": {"path": "m"},
                          "rollout": {"data_source": "examples.addition.data:train_prompts",
                                      "reward_fn": "examples.addition.reward:exact_match",
