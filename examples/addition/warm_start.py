@@ -126,3 +126,10 @@ def prepare(model_dir: str, seed: int = 0) -> None:
         return steps
 
     build_cached(Path(model_dir), {**RECIPE, "seed": seed}, build)
+
+
+def random_init(model_dir: str, seed: int = 0) -> None:
+    """model.prepare of sft.yaml: the random tiny llama, built once (cached by config.json)."""
+    path = Path(model_dir)
+    if not (path / "config.json").exists():
+        build_random_model(path, seed=seed)
