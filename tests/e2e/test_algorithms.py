@@ -48,10 +48,10 @@ def test_algorithm_raises_heldout_accuracy(tmp_path: Path, warm_model: Path, alg
 
 def test_dual_clip_fires_and_the_run_learns(tmp_path: Path, warm_model: Path) -> None:
     """Dual-clip (trainer.policy_loss.clip_ratio_c) caps the loss of a negative-advantage token whose ratio
-    pi/pi_old ran past c. With one optimizer step per batch the ratio is 1 (old = current), so this run takes four
-    (trainer.minibatches: 4, PPO-style): from the second minibatch on the policy has moved, and with c = 1.05 (the
+    pi/pi_old ran past c. With one optimizer step per batch the ratio is 1 (old = current), so this run takes two
+    (trainer.minibatches: 2, PPO-style): in the second minibatch the policy has moved, and with c = 1.05 (the
     default 3 rarely binds on this model) the cap binds on some tokens; the run still raises held-out accuracy."""
-    s = _run(tmp_path, warm_model, {"trainer.policy_loss.clip_ratio_c": 1.05, "trainer.minibatches": 4})
+    s = _run(tmp_path, warm_model, {"trainer.policy_loss.clip_ratio_c": 1.05, "trainer.minibatches": 2})
     records = [r for r in read_jsonl(s["run_dir"] / "metrics" / "trainer.jsonl") if "loss" in r]
     assert len(records) == STEPS
     assert sum(r["dual_clip_fraction"] for r in records) > 0, [r["dual_clip_fraction"] for r in records]
