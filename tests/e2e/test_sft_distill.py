@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 SFT_CONFIG = ROOT / "examples" / "addition" / "sft.yaml"
 STEPS = 30
+SFT_STEPS = 40             # SFT moved held-out accuracy +4.4 points in 30 steps (distillation +9.0): more margin
 TEACHER_STEPS = 300        # in-process supervised steps on top of the warm start (batch 64)
 
 
@@ -28,14 +29,20 @@ def teacher(tmp_path_factory: pytest.TempPathFactory, warm_model: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from examples.addition.warm_start import supervised
+    from examples.addition.data import heldout_prompts
+    from examples.addition.warm_start import _encode, exact_match, supervised
 
     torch.manual_seed(1)
     path = tmp_path_factory.mktemp("teacher") / "model"
     shutil.copytree(warm_model, path)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    supervised(model, AutoTokenizer.from_pretrained(str(path)), TEACHER_STEPS, seed=1)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    supervised(model, tok, TEACHER_STEPS, seed=1)
     model.save_pretrained(str(path), safe_serialization=True)
+    split = heldout_prompts(seed=0)
+    heldout = _encode(tok, [split[i] for i in range(len(split))])   # the held-out split, teacher-forced greedy
+    student = AutoModelForCausalLM.from_pretrained(str(warm_model), dtype=torch.float32)
+    assert exact_match(model, tok, heldout) > exact_match(student, tok, heldout) + 0.2   # it adds better
     return path
 
 
@@ -48,10 +55,11 @@ def _run(tmp_path: Path, model: Path, overrides: dict[str, Any], config: Path = 
 
 
 def test_sft_on_labelled_rows_raises_heldout_accuracy(tmp_path: Path, warm_model: Path) -> None:
-    s = _run(tmp_path, warm_model, {"trainer.steps": STEPS}, config=SFT_CONFIG)
-    assert s["steps"] == STEPS
+    s = _run(tmp_path, warm_model, {"trainer.steps": SFT_STEPS, "trainer.checkpoint_every": SFT_STEPS},
+             config=SFT_CONFIG)
+    assert s["steps"] == SFT_STEPS
     records = [r for r in read_jsonl(s["run_dir"] / "metrics" / "trainer.jsonl") if "loss" in r]
-    assert len(records) == STEPS and all(r["loss"] == pytest.approx(r["nll"]) for r in records)
+    assert len(records) == SFT_STEPS and all(r["loss"] == pytest.approx(r["nll"]) for r in records)
     assert s["eval_after"] > s["eval_before"] + 0.03, s
     assert (s["run_dir"] / "final" / "config.json").exists()      # the folder the RL run starts from
 
