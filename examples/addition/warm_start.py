@@ -114,12 +114,13 @@ def supervised(model, tok, steps: int, seed: int, batch: int = SFT_BATCH, lr: fl
     return step
 
 
-def build_cached(model_dir: Path, recipe: dict, build: Callable[[Path], int]) -> Path:
+def build_cached(model_dir: Path, recipe: dict, build: Callable[[Path], int], also: tuple[dict, ...] = ()) -> Path:
     """model_dir built once per recipe: `build(tmp)` fills a temporary folder and returns the supervised steps it
-    took; the folder gets a marker (recipe and steps) and is renamed into place. A marker with this recipe: kept."""
+    took; the folder gets a marker (recipe and steps) and is renamed into place. A marker with this recipe (or one
+    of `also`, recipes of the same warm start by another route): kept."""
     path = Path(model_dir)
     marker = path / "warm_start.json"
-    if marker.exists() and json.loads(marker.read_text()).get("recipe") == recipe:
+    if marker.exists() and json.loads(marker.read_text()).get("recipe") in (recipe, *also):
         return path
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -183,7 +184,8 @@ def prepare(model_dir: str, seed: int = 0) -> None:
         return steps
 
     recipe = {**RLFLEET_RECIPE, "seed": seed, "sft_yaml": hashlib.sha256(SFT_CONFIG.read_bytes()).hexdigest()[:16]}
-    build_cached(Path(model_dir), recipe, build)
+    # a folder prepare_in_process built (the e2e tests' warm start) is the same warm start: kept, not rebuilt
+    build_cached(Path(model_dir), recipe, build, also=({**RECIPE, "seed": seed},))
 
 
 def random_init(model_dir: str, seed: int = 0) -> None:
