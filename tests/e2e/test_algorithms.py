@@ -52,8 +52,8 @@ def test_dual_clip_fires_and_the_run_learns(tmp_path: Path, warm_model: Path) ->
     (trainer.minibatches: 2, PPO-style, of 32 groups each: the example's batch): in the second minibatch the policy
     has moved, and with c = 1.05 (the default 3 rarely binds on this model) the cap binds on 1-5 % of the tokens.
     The run still learns: held-out accuracy, averaged over the evaluations at steps 20, 30 and 40 (one greedy
-    snapshot swings by several points: with one final evaluation, runs of 30 steps gained +3.8 to +6.2 points and
-    runs of 32-group minibatches -3.2 to +2.4), is 3 points up."""
+    snapshot swings by several points: judged by one final evaluation, 30-step runs gained +3.8 to +6.2 points,
+    and runs of 16- or 8-group minibatches -3.2 to +2.4), is 3 points up."""
     steps = 40
     s = _run(tmp_path, warm_model, {"trainer.policy_loss.clip_ratio_c": 1.05, "trainer.minibatches": 2,
                                     "trainer.groups_per_step": 64, "trainer.steps": steps,
