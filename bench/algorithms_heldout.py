@@ -49,7 +49,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def _warm_model(model_dir: Path) -> Path:
-    from examples.addition.warm_start import prepare
+    from examples.addition.warm_start import prepare_in_process as prepare
 
     if not (model_dir / "config.json").exists():
         prepare(str(model_dir), seed=0)

@@ -34,7 +34,7 @@ def main() -> None:
     ns = parser.parse_args()
     import torch
 
-    from examples.addition.warm_start import prepare
+    from examples.addition.warm_start import prepare_in_process as prepare
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -118,7 +118,7 @@ def weight_sync(mb: int, tls: bool, sign: bool, tmp: Path, plain_data: bool = Fa
 
 
 def addition(steps: int) -> None:
-    from examples.addition.warm_start import prepare
+    from examples.addition.warm_start import prepare_in_process as prepare
     from rlfleet.runtime.metrics import read_jsonl
     from tests.support.runs import run_rlfleet
 

@@ -59,7 +59,7 @@ def _env() -> dict[str, str]:
 
 def addition_task(seed: int, work: Path) -> dict:
     from examples.addition.data import heldout_prompts
-    from examples.addition.warm_start import prepare
+    from examples.addition.warm_start import prepare_in_process as prepare
 
     warm = work / f"warm_start_seed{seed}"
     if not (warm / "config.json").exists():

@@ -104,6 +104,25 @@ class ScoresGroups(Protocol):
     def score_group(self, prompt: Prompt, samples: list[Sample]) -> list[Sample]: ...
 
 
+@runtime_checkable
+class ServesWeightVersion(Protocol):
+    """Optional for a RolloutContext: the weight version (and its epoch) the replica serves now, for a rollout
+    function that makes samples without generating (the data replica's `labelled`,
+    rlfleet/services/rollout/labelled.py): its samples carry it through the buffer's staleness gate like generated
+    ones. The rollout service's contexts declare it."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+
+@runtime_checkable
+class ReadsLabels(Protocol):
+    """Optional capability of a RolloutFn: `needs_labels = True` says every data row must hold a supervised target
+    (rlfleet/data/labels.py), so `rlfleet run` checks the data for one before anything starts."""
+
+    needs_labels: bool
+
+
 @dataclass(frozen=True)
 class GroupTicket:
     group_id: str

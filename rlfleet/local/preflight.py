@@ -3,7 +3,8 @@
 
 It imports plugins with the import path the services get (the current folder first, as the launcher sets
 PYTHONPATH), runs the trainer's config-only start-up checks (rlfleet/config/trainer_checks.py), checks the model
-folder or GGUF file, opens every dataset file (fields, rows), and resolves the reward, algorithm, advantage and loss
+folder or GGUF file and a distillation teacher's vocabulary against it, opens every dataset file (fields, rows;
+labelled rows for a rollout function that trains on labels), and resolves the reward, algorithm, advantage and loss
 names.
 """
 
@@ -13,10 +14,19 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from rlfleet.config import Config, check_trainer
+from rlfleet.config import Config, check_trainer, needs_teacher
 from rlfleet.plugins import PluginError, load_callable, load_hooks
-from rlfleet.protocols import AdvantageEstimator, DataSource, LossFn, ModelPrepareFn, RolloutFn, SampleFilter
+from rlfleet.protocols import (
+    AdvantageEstimator,
+    DataSource,
+    LossFn,
+    ModelPrepareFn,
+    ReadsLabels,
+    RolloutFn,
+    SampleFilter,
+)
 
 
 def plugin_import_path() -> str:
@@ -43,6 +53,26 @@ def check_model(cfg: Config) -> None:
         raise PluginError(str(exc)) from None
 
 
+def check_teacher(cfg: Config) -> None:
+    """A distillation teacher (trainer.teacher.model_path) must be a model folder with the student's vocabulary
+    (rlfleet/weights/vocabulary.py). A student that model.prepare has not built yet is checked by the trainer."""
+    from rlfleet.weights.model_source import ModelError, check_model_folder
+    from rlfleet.weights.vocabulary import check_same_vocabulary
+
+    teacher = cfg.trainer.teacher.model_path
+    if not needs_teacher(cfg.trainer) or not teacher:
+        return
+    try:
+        try:
+            check_model_folder(Path(teacher))
+        except ModelError as exc:
+            raise ModelError(f"trainer.teacher.model_path: {exc}".replace("model.path ", "")) from None
+        if (cfg.model_path / "config.json").is_file():
+            check_same_vocabulary(cfg.model_path, teacher)
+    except ModelError as exc:
+        raise PluginError(str(exc)) from None
+
+
 def _check_source(source: object, what: str) -> None:
     if not isinstance(source, DataSource):
         raise PluginError(f"{what}: returned {type(source).__name__}, which has no __len__/__getitem__")
@@ -61,6 +91,24 @@ def check_data(cfg: Config) -> None:
             raise PluginError(str(exc)) from None
         if source is not None:
             _check_source(source, what)
+
+
+LABEL_PROBE_ROWS = 16
+
+
+def check_labels(cfg: Config) -> None:
+    """A rollout function that trains on labels (ReadsLabels, e.g. the data replica's `labelled`): the first rows of
+    the rollout data must each hold a target (rlfleet/data/labels.py)."""
+    from rlfleet.data.files import DataError, rollout_source
+    from rlfleet.data.labels import LabelError, check_labelled
+
+    try:
+        source = rollout_source(cfg)
+        for i in range(min(len(source), LABEL_PROBE_ROWS)):
+            check_labelled(source[i], f"rollout.rollout_fn {cfg.rollout.rollout_fn} trains on labelled rows, but the "
+                                      "rollout data")
+    except (DataError, LabelError) as exc:
+        raise PluginError(str(exc)) from None
 
 
 def check_rewards(cfg: Config) -> None:
@@ -100,6 +148,7 @@ def check_run(cfg: Config, trainer_check: Callable[[str], str | None] | None = N
     algorithm = start_algorithm_check() if trainer_check is None else None
     try:
         check_model(cfg)
+        check_teacher(cfg)
         check_plugins(cfg)
     except BaseException:
         if algorithm is not None:
@@ -120,8 +169,10 @@ def check_run(cfg: Config, trainer_check: Callable[[str], str | None] | None = N
 def check_plugins(cfg: Config) -> None:
     """Import and check every dotted path and name in cfg; raise PluginError naming the first one that fails."""
     check_rewards(cfg)
-    load_callable(cfg.rollout.rollout_fn, "rollout.rollout_fn", RolloutFn)
+    rollout_fn = load_callable(cfg.rollout.rollout_fn, "rollout.rollout_fn", RolloutFn)
     check_data(cfg)
+    if isinstance(rollout_fn, ReadsLabels) and rollout_fn.needs_labels:
+        check_labels(cfg)
     if cfg.model.prepare:
         load_callable(cfg.model.prepare, "model.prepare", ModelPrepareFn)
     for path in cfg.buffer.filters:

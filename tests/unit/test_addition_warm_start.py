@@ -3,6 +3,7 @@ teacher-forced exact match is the share greedy decoding answers exactly; trainin
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -67,3 +68,17 @@ def test_training_stops_at_the_target(tmp_path: Path) -> None:
     assert supervised(model, tok, 30, seed=0, target=1.01, check_every=10) == 30    # never reached: all the steps
     model = build_random_model(tmp_path / "c", seed=0)
     assert supervised(model, tok, 25, seed=0) == 25                                 # no target: the fixed recipe
+
+
+def test_prepare_keeps_a_warm_start_built_in_process(tmp_path: Path) -> None:
+    """A folder prepare_in_process built (the e2e tests' warm start, passed as model.path with the example config)
+    is the same warm start as prepare's rlfleet SFT: prepare keeps it rather than rebuilding it over the fixture."""
+    from examples.addition.warm_start import RECIPE, prepare
+
+    folder = tmp_path / "warm_start"
+    folder.mkdir()
+    marker = json.dumps({"recipe": {**RECIPE, "seed": 3}, "steps": 400})
+    (folder / "warm_start.json").write_text(marker)
+    prepare(str(folder), seed=3)
+    assert sorted(p.name for p in folder.iterdir()) == ["warm_start.json"]
+    assert (folder / "warm_start.json").read_text() == marker

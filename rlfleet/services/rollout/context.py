@@ -36,6 +36,11 @@ class ServiceContext(ServesOpenAI):
         """The replica's OpenAI endpoint when rollout.openai.enabled (rollout/openai_api), else None."""
         return self._openai
 
+    @property
+    def weight_version(self) -> int:
+        """The weight version the engine serves now (rlfleet.protocols.ServesWeightVersion)."""
+        return int(self.engine.weight_version)
+
     def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
         return self.engine.submit(input_ids, sampling or self.sampling)
 
@@ -105,6 +110,11 @@ class GroupContext(ServesOpenAI):
     def openai(self) -> OpenAIEndpoint | None:
         """The replica's OpenAI endpoint (its context's), None where it serves none."""
         return self._ctx.openai if isinstance(self._ctx, ServesOpenAI) else None
+
+    @property
+    def weight_version(self) -> int:
+        """The weight version the replica's engine serves now (rlfleet.protocols.ServesWeightVersion)."""
+        return int(self._engine.weight_version)
 
     def generate(self, input_ids: Sequence[int], sampling: SamplingParams | None = None) -> Future[Generation]:
         if self.aborted:

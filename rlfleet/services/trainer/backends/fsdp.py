@@ -47,6 +47,7 @@ from rlfleet.services.trainer.step import ForwardFn, StepContext, train_step
 from rlfleet.services.weight_sync.transports.sharded import ShardedState
 from rlfleet.weights.dtypes import DTYPES
 from rlfleet.weights.tied import TIED_OPTION, encode_aliases, tied_aliases
+from rlfleet.weights.vocabulary import check_same_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class FsdpBackend:
         self.teacher = None
         if needs_teacher(t):        # a teacher algorithm without a teacher path: refused by check_trainer (config)
             assert t.teacher.model_path, "rlfleet.config.check_trainer refuses this config"
+            check_same_vocabulary(cfg.model_path, t.teacher.model_path)       # raises ModelError naming the difference
             self.teacher = FrozenScorer(t.teacher.model_path, device, self._shard, self._forward)
         self.critic = Critic(t.critic, cfg.model_path, device, self._shard, _clip_module_grad, t.betas,
                              fused=cfg.perf.fused_optimizer) \
