@@ -1,0 +1,27 @@
+"""ConfigMap and Secret volumes written as the kubelet projects them: one folder per pod volume, each item at its
+path with its mode, owned by root and the pod's fsGroup (so a non-root pod reads a 0440 key through its group)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tests.cluster.play.plan import FileSource
+
+
+def write_volume(folder: Path, source: FileSource, fs_group: int | None) -> None:
+    """Replace `folder` with the files of `source` (a mounted volume's content is read-only inside the pod)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o755)
+    for rel, (data, mode) in sorted(source.files.items()):
+        path = folder / rel
+        if path.resolve().parent != folder.resolve() and folder.resolve() not in path.resolve().parents:
+            raise ValueError(f"{source.kind} {source.name}: item path {rel!r} leaves the volume")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        os.chmod(path, mode)
+        if fs_group is not None:
+            os.chown(path, 0, fs_group)
