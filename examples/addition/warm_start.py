@@ -126,3 +126,14 @@ def prepare(model_dir: str, seed: int = 0) -> None:
         return steps
 
     build_cached(Path(model_dir), {**RECIPE, "seed": seed}, build)
+
+
+def random_start(model_dir: str, seed: int = 0) -> None:
+    """model.prepare for runs that test the machinery, not the learning: the random tiny llama alone (no supervised
+    steps: seconds instead of minutes on a busy CPU), built and renamed into place once like `prepare`."""
+
+    def build(tmp: Path) -> int:
+        build_random_model(tmp, seed=seed)
+        return 0
+
+    build_cached(Path(model_dir), {"random": True, "seed": seed}, build)

@@ -1,5 +1,6 @@
 """ConfigMap and Secret volumes written as the kubelet projects them: one folder per pod volume, each item at its
-path with its mode, owned by root and the pod's fsGroup (so a non-root pod reads a 0440 key through its group)."""
+path with its mode, owned by root and the pod's fsGroup with group read added (as the kubelet does: a non-root
+pod reads a 0400 key through its group)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def write_volume(folder: Path, source: FileSource, fs_group: int | None) -> None
             raise ValueError(f"{source.kind} {source.name}: item path {rel!r} leaves the volume")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        os.chmod(path, mode)
-        if fs_group is not None:
+        if fs_group is not None:            # the kubelet's fsGroup: group-owned, group-readable (0400 -> 0440)
             os.chown(path, 0, fs_group)
+            mode |= 0o440
+        os.chmod(path, mode)

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,25 @@ from tests.cluster.play.files import write_volume
 from tests.cluster.play.plan import Container, Plan, Pod
 
 LABEL = "io.rlfleet.play.release"
+CONF = Path(__file__).resolve().parents[3] / "docker" / "podman" / "containers.conf"
 
 
 class PodmanError(RuntimeError):
     pass
 
 
+def engine_env() -> dict[str, str]:
+    """podman's settings: CONTAINERS_CONF as given, else the repository's (docker/podman/containers.conf: runc, no
+    default ulimits; docker/engine.sh sets the same)."""
+    env = dict(os.environ)
+    if "CONTAINERS_CONF" not in env and CONF.exists():
+        env["CONTAINERS_CONF"] = str(CONF)
+    return env
+
+
 def podman(*args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False,
+                          env=engine_env())
     if check and proc.returncode != 0:
         raise PodmanError(f"podman {' '.join(args[:3])} ...: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     return proc
@@ -66,7 +78,8 @@ class Player:
             podman("network", "create", "--subnet", plan.subnet, "--label", f"{LABEL}={plan.release}", plan.network)
         for v in plan.volumes:
             self.ensure_volume(plan, v)
-        return [self.start(plan, pod) for pod in plan.pods.values()]
+        # pods with init containers last: the others start meanwhile (a kubelet starts every pod at once)
+        return [self.start(plan, pod) for pod in sorted(plan.pods.values(), key=lambda p: len(p.init))]
 
     def apply(self, current: Plan, new: Plan) -> Changes:
         """Make the played release what `new` renders: pods gone or changed (another template) are stopped
@@ -127,6 +140,7 @@ class Player:
     def run_args(self, plan: Plan, pod: Pod, c: Container, init: bool) -> list[str]:
         name = f"{pod.name}-init-{c.name}" if init else pod.name
         args = ["run", "--rm" if init else "-d", "--name", name, "--hostname", pod.name, "--pull", "never",
+                "--no-healthcheck",
                 "--label", f"{LABEL}={plan.release}", "--label", f"io.rlfleet.play.hash={pod.template_hash}",
                 "--network", plan.network, "--stop-timeout", str(pod.grace_s)]
         if not init:
@@ -175,11 +189,11 @@ class Player:
         proc = podman("inspect", "--format", "{{json .State}}", name, check=False)
         return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
-    def restart_exited(self, plan: Plan) -> list[str]:
-        """restartPolicy Always: start again every pod container that exited (a kill -9, a crash)."""
+    def restart_exited(self, plan: Plan, skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """restartPolicy Always: start again every pod container that exited (a kill -9, a crash), but `skip`."""
         restarted = []
         for pod in plan.pods.values():
-            st = self.state(pod.name)
+            st = self.state(pod.name) if pod.name not in skip else {}
             if st and not st.get("Running"):
                 podman("start", pod.name)
                 restarted.append(pod.name)
@@ -229,11 +243,15 @@ class Player:
                 return False
         raise PodmanError(f"pod {pod.name}: readiness probe {sorted(probe)} is not played here")
 
-    def wait_ready(self, pods: list[Pod], timeout: float, period: float = 2.0) -> float:
-        """Seconds until every pod answers its readiness probe; PodmanError naming the others after `timeout`."""
+    def wait_ready(self, pods: list[Pod], timeout: float, period: float = 2.0,
+                   tick: Callable[[], object] | None = None) -> float:
+        """Seconds until every pod answers its readiness probe; PodmanError naming the others after `timeout`.
+        `tick` runs every period (e.g. restart_exited: the kubelet goes on meanwhile)."""
         start = time.monotonic()
         waiting = {p.name: p for p in pods}
         while waiting:
+            if tick is not None:
+                tick()
             for name in [n for n, p in waiting.items() if self.ready(p)]:
                 del waiting[name]
             if not waiting:
