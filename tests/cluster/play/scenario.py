@@ -257,17 +257,24 @@ def play(values: dict[str, Any], work: Path, ops: list[str], log: Callable[[str]
         wall = time.monotonic() - run.started
         verdict = run.judge(total)
         summary = summarize(run.run_dir() / "metrics" / "trainer.jsonl", wall, None)
-        lines = [format_summary(summary, Path(f"(volume) runs/{run.run_name}")), verdict.line()]
+        lines = [format_summary(summary, Path(f"(volume) runs/{run.run_name}")), "ledger: " + verdict.line()]
+        events = []
         for e in run.events:
             f = e.fault
             nxt = min((t for t in run.ledger.committed.values() if t >= max(f.ended, f.serving)), default=0.0)
+            events.append({"kind": e.kind, "pod": e.pod, "at_step": e.at_step, "note": e.note,
+                           "serving_s": round(f.serving - f.injected, 1) if f.serving else None,
+                           "next_step_s": round(nxt - f.injected, 1) if nxt else None})
             lines.append(f"  {e.kind:<16} {e.pod:<28} at step {e.at_step:>3}: serving again after "
-                         f"{f.serving - f.injected if f.serving else float('nan'):6.1f} s, next trained step after "
-                         f"{nxt - f.injected if nxt else float('nan'):6.1f} s {e.note}")
+                         f"{events[-1]['serving_s']} s, next trained step after {events[-1]['next_step_s']} s "
+                         f"{e.note}")
         for line in lines:
             log(line)
-        (work / "outcome.json").write_text(json.dumps({"wall_s": wall, "summary": summary, "ledger": verdict.line(),
-                                                       "events": lines[2:]}, indent=1, default=str))
+        (work / "outcome.json").write_text(json.dumps({
+            "wall_s": round(wall, 1), "summary": summary, "ledger": verdict.line(), "lost": len(verdict.lost),
+            "trained_twice": len(verdict.trained_twice), "unexpected": verdict.unexpected, "put": verdict.put,
+            "trained": verdict.trained, "dropped": verdict.dropped, "unrecovered": verdict.unrecovered,
+            "events": events, "steps": sorted(run.ledger.committed)}, indent=1, default=str))
         return Outcome(verdict, run.events, wall, summary, run.plan.not_enforced, run.plan.not_played, lines)
     finally:
         if run.plan.network:
