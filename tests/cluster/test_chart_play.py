@@ -24,7 +24,7 @@ from tests.cluster.tools import need_binary, need_module
 
 pytestmark = pytest.mark.chart_play
 
-STEPS = 8
+STEPS = 40
 LEASE_S = 6
 
 

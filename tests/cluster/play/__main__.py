@@ -8,6 +8,7 @@ unexpected) and every event recovered. scripts/chart_play.sh builds the images f
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     work = ns.work or Path(tempfile.mkdtemp(prefix="rlfleet-play-"))
     work.mkdir(parents=True, exist_ok=True)
     ops = [o for o in ns.ops.split(",") if o]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # a stop tears the release down too (finally)
     outcome = play(values, work, ops, log=lambda line: print(line, flush=True), keep=ns.keep_volumes)
     print(f"played run: wall {outcome.wall_s:.0f} s; files and logs in {work}")
     return 0 if outcome.verdict.ok and not outcome.verdict.unexpected else 1

@@ -199,6 +199,11 @@ class Player:
                 restarted.append(pod.name)
         return restarted
 
+    def completed(self, pod: Pod) -> bool:
+        """Its container ran to the end and exited 0 (a trainer that finished the run): nothing to wait for."""
+        st = self.state(pod.name)
+        return bool(st) and not st.get("Running") and st.get("ExitCode") == 0 and st.get("Status") == "exited"
+
     def kill(self, name: str, sig: str = "KILL") -> None:
         podman("kill", "-s", sig, name)
 
@@ -252,7 +257,7 @@ class Player:
         while waiting:
             if tick is not None:
                 tick()
-            for name in [n for n, p in waiting.items() if self.ready(p)]:
+            for name in [n for n, p in waiting.items() if self.ready(p) or self.completed(p)]:
                 del waiting[name]
             if not waiting:
                 break

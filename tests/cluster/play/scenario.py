@@ -110,8 +110,7 @@ class PlayedRun:
 
     def trainer_done(self) -> bool:
         pods = self.pods("trainer")
-        states = [self.player.state(p.name) for p in pods]
-        return bool(states) and all(s and not s.get("Running") and s.get("ExitCode") == 0 for s in states)
+        return bool(pods) and all(self.player.completed(p) for p in pods)
 
     def watch(self, total_steps: int, ops: list[tuple[int, str]], stall_s: float) -> None:
         """Until the trainer exits 0 with every step committed: record committed steps, restart exited pods (the
@@ -135,7 +134,7 @@ class PlayedRun:
             if time.monotonic() - progress > stall_s:
                 raise PodmanError(f"no step committed for {stall_s:.0f} s (steps so far {len(seen)}); logs: "
                                   + self.tails())
-            time.sleep(1.0)
+            time.sleep(0.3)
         if worker is not None:
             worker.join()
         if ops:
