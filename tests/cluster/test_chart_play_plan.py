@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.chart import VALUES, render
+from tests.cluster.chart import VALUES, merge, render
 from tests.cluster.play.files import write_volume
+from tests.cluster.play.issuer import PlayIssuer
 from tests.cluster.play.plan import Plan, PlanError, existing_secrets, make_plan
 from tests.cluster.play.secrets import make_existing_secrets
 from tests.cluster.tools import need_module
@@ -133,3 +134,28 @@ def test_a_secret_nobody_made_is_a_clear_error(rendered: tuple[list[dict[str, An
     del made["add1-buffer-tls"]
     with pytest.raises(PlanError, match="add1-buffer-tls is neither rendered nor made beforehand"):
         make_plan(objects, "add1", NS, made)
+
+
+def test_scaling_replicas_by_re_render_changes_only_the_replicas(
+        rendered: tuple[list[dict[str, Any]], dict[str, Any], Path]) -> None:
+    """`helm upgrade --set rollout.replicas=N` (cert-manager's per-replica identities, played by the adapter's CA):
+    the plan adds or removes rollout pods and leaves every other pod's template as it was (applying it restarts
+    nothing else); a real config change (the learning rate) changes every service pod's template."""
+    _, values, _ = rendered
+    cm = {**values, "security": {**values["security"], "existingSecrets": None,
+                                 "weightSigning": {"enabled": True, "existingSecret": ""}}}
+    issuer = PlayIssuer()
+
+    def plan_of(over: dict[str, Any]) -> Plan:
+        return make_plan(render(merge(cm, over), release="add1", namespace=NS), "add1", NS, issuer=issuer)
+
+    one, two = plan_of({"rollout": {"replicas": 1}}), plan_of({"rollout": {"replicas": 2}})
+    rollout = {n for n, p in two.pods.items() if p.labels["app.kubernetes.io/component"] == "rollout"}
+    assert len(rollout) == 2 and set(two.pods) - set(one.pods) == rollout - set(one.pods)
+    assert {n: p.template_hash for n, p in one.pods.items()} == {n: two.pods[n].template_hash for n in one.pods}
+    ids = {two.pods[n].main.args[-1] for n in rollout}
+    assert ids == {f"--replica-id={n}" for n in rollout}          # each replica its own identity (its pod name)
+    other = plan_of({"rollout": {"replicas": 1}, "runConfig": {"trainer": {"lr": 0.5}}})
+    for name, pod in one.pods.items():
+        if pod.labels["app.kubernetes.io/component"] != "redis":
+            assert name not in other.pods or other.pods[name].template_hash != pod.template_hash, name

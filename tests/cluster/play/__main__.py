@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from tests.cluster.chart import VALUES
-from tests.cluster.play.scenario import OPS, play
+from tests.cluster.play.scenario import DEFAULT_OPS, OPS, play
 
 
 def set_value(values: dict, key: str, raw: str) -> None:
@@ -31,8 +31,8 @@ def set_value(values: dict, key: str, raw: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster.play", description=__doc__.split("\n\n")[0])
     parser.add_argument("--values", type=Path, default=VALUES / "play-cpu.yaml")
-    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, in order ({', '.join(OPS)}; "
-                        "'' for none)")
+    parser.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma-separated, in order (of "
+                        f"{', '.join(OPS)}; '' for none; scale needs cert-manager mode, docs/cluster.md)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--work", type=Path, default=None, help="keep files and container logs here")
     parser.add_argument("--keep-volumes", action="store_true")

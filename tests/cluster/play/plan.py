@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.cluster.play.issuer import CSI, PlayIssuer
+
 NOT_PLAYED_KINDS = {
     "NetworkPolicy": "not enforced here (one flat podman network; a partition is `podman network disconnect`)",
     "PodDisruptionBudget": "not enforced here (no evictions: nothing drains a node)",
@@ -154,7 +156,9 @@ def _template_hash(template: dict[str, Any]) -> str:
 
 class _Planner:
     def __init__(self, objects: list[dict[str, Any]], release: str, namespace: str,
-                 secrets: dict[str, dict[str, bytes]], subnet: str, ips: dict[str, str]) -> None:
+                 secrets: dict[str, dict[str, bytes]], subnet: str, ips: dict[str, str],
+                 issuer: PlayIssuer | None) -> None:
+        self.issuer = issuer
         self.objects = objects
         self.namespace = namespace
         self.ips = dict(ips)
@@ -170,7 +174,9 @@ class _Planner:
     def run(self) -> Plan:
         for o in self.objects:
             kind, name = o["kind"], o["metadata"]["name"]
-            if kind in NOT_PLAYED_KINDS:
+            if self.issuer is not None and kind in ("Certificate", "Issuer"):
+                self.cert_manager(o)
+            elif kind in NOT_PLAYED_KINDS:
                 self.plan.not_enforced.append(f"{kind} {name}: {NOT_PLAYED_KINDS[kind]}")
             elif kind not in PLAYED_KINDS:
                 self.plan.not_enforced.append(f"{kind} {name}: not enforced here (unknown to the adapter)")
@@ -186,6 +192,15 @@ class _Planner:
         for svc in self.services:
             self.check_service(svc)
         return self.plan
+
+    def cert_manager(self, o: dict[str, Any]) -> None:
+        assert self.issuer is not None
+        kind, name = o["kind"], o["metadata"]["name"]
+        data = self.issuer.certificate(o) if kind == "Certificate" else None
+        if data is not None:
+            self.secrets[o["spec"]["secretName"]] = data
+        self.plan.not_enforced.append(f"{kind} {name}: cert-manager does not run here: the adapter's run CA "
+                                      f"{'issued its Secret ' + o['spec']['secretName'] if data else 'stands in'}")
 
     def workload(self, o: dict[str, Any]) -> None:
         kind, name = o["kind"], o["metadata"]["name"]
@@ -231,7 +246,7 @@ class _Planner:
         files: dict[str, FileSource] = {}
         volumes: dict[str, tuple[str, str, bool]] = {}       # pod volume -> (kind, source, read only)
         for v in spec.get("volumes", []):
-            volumes[v["name"]] = self.volume(o, v, files)
+            volumes[v["name"]] = self.volume(o, v, files, pod)
         for claim in claims:
             volumes[claim] = ("volume", f"{claim}-{pod}", False)
         fields = {"metadata.name": pod, "metadata.namespace": self.namespace, "status.podIP": ip,
@@ -241,8 +256,13 @@ class _Planner:
         return Pod(pod, f"{o['kind']}/{o['metadata']['name']}", index, ip, labels, sorted(set(aliases)), init, main,
                    files, sec.get("fsGroup"), int(spec.get("terminationGracePeriodSeconds", 30)), thash)
 
-    def volume(self, o: dict[str, Any], v: dict[str, Any], files: dict[str, FileSource]) -> tuple[str, str, bool]:
+    def volume(self, o: dict[str, Any], v: dict[str, Any], files: dict[str, FileSource],
+               pod: str) -> tuple[str, str, bool]:
         where = f"{o['kind']} {o['metadata']['name']}: volume {v['name']}"
+        if v.get("csi", {}).get("driver") == CSI and self.issuer is not None:
+            issued = self.issuer.csi_files(v["csi"].get("volumeAttributes", {}), pod, where)
+            files[v["name"]] = FileSource("CSI", f"{CSI} for {pod}", {k: (d, 0o440) for k, d in issued.items()})
+            return ("files", v["name"], True)
         if "configMap" in v or "secret" in v:
             kind = "ConfigMap" if "configMap" in v else "Secret"
             ref = v.get("configMap") or v.get("secret") or {}
@@ -352,7 +372,8 @@ def _numbered(probe: dict[str, Any] | None, c: dict[str, Any]) -> dict[str, Any]
 
 def make_plan(objects: list[dict[str, Any]], release: str, namespace: str,
               secrets: dict[str, dict[str, bytes]] | None = None, subnet: str = "10.89.77.0/24",
-              ips: dict[str, str] | None = None) -> Plan:
+              ips: dict[str, str] | None = None, issuer: PlayIssuer | None = None) -> Plan:
     """The pods, volumes and not-enforced list of a rendered release; `secrets`: Secrets made beforehand
-    (existing_secrets); `ips`: addresses of pods already played (kept; new pods get free ones)."""
-    return _Planner(objects, release, namespace, secrets or {}, subnet, ips or {}).run()
+    (existing_secrets); `ips`: addresses of pods already played (kept; new pods get free ones); `issuer`: plays
+    cert-manager's Certificates and csi-driver volumes (without it they are refused or listed as not enforced)."""
+    return _Planner(objects, release, namespace, secrets or {}, subnet, ips or {}, issuer).run()

@@ -29,6 +29,7 @@ from typing import Any
 
 from rlfleet.local.report import format_summary, summarize
 from tests.cluster.chart import merge, render
+from tests.cluster.play.issuer import PlayIssuer
 from tests.cluster.play.plan import Plan, Pod, existing_secrets, make_plan
 from tests.cluster.play.podman import Player, PodmanError, volume_path
 from tests.cluster.play.secrets import make_existing_secrets
@@ -37,6 +38,9 @@ from tests.faults.ledger import Fault, Ledger, Verdict, check
 from tests.faults.run_mode import committed, completed_at
 
 OPS = ("scale", "kill-buffer", "kill-rollout", "restart-trainer", "partition")
+# under security.existingSecrets every replica has one identity and the chart refuses a second replica: scale needs
+# cert-manager's per-replica certificates (played by the adapter's CA: --set security.existingSecrets=null ...)
+DEFAULT_OPS = ("kill-buffer", "kill-rollout", "restart-trainer", "partition")
 
 
 @dataclass
@@ -68,6 +72,7 @@ class PlayedRun:
         self.namespace = namespace
         self.log = log
         self.player = Player(work)
+        self.issuer = PlayIssuer()                  # cert-manager's part, where the values ask cert-manager
         self.ledger = Ledger()
         self.events: list[Event] = []
         self.lock = threading.Lock()
@@ -80,7 +85,8 @@ class PlayedRun:
         values = merge(self.values, overrides or {})
         objects = render(values, release=self.release, namespace=self.namespace)
         ips = {p.name: p.ip for p in self.plan.pods.values()}
-        return make_plan(objects, self.release, self.namespace, existing_secrets(self.work / "secrets"), ips=ips)
+        return make_plan(objects, self.release, self.namespace, existing_secrets(self.work / "secrets"), ips=ips,
+                         issuer=self.issuer)
 
     @property
     def run_name(self) -> str:
@@ -95,8 +101,9 @@ class PlayedRun:
 
     # -- the run ----------------------------------------------------------------------------------------------
     def up(self) -> None:
-        made = make_existing_secrets(self.work / "secrets", self.values, self.release, self.namespace)
-        self.log(f"secrets made with the run CA (as `kubectl create secret generic`): {', '.join(made)}")
+        if self.values.get("security", {}).get("existingSecrets"):
+            made = make_existing_secrets(self.work / "secrets", self.values, self.release, self.namespace)
+            self.log(f"Secrets made with a run CA (as `kubectl create secret generic` holds them): {', '.join(made)}")
         self.plan = self.render()
         for line in self.plan.not_played + self.plan.not_enforced:
             self.log(f"  {line}")
