@@ -17,9 +17,12 @@ for a in "$@"; do
   if [[ "$a" == --no-build ]]; then build=0; else args+=("$a"); fi
 done
 if [[ "$build" == 1 ]]; then
+  log=$(mktemp)
   for only in buffer weight-sync cpu redis; do         # the images the CPU values play (cpu: trainer and rollout)
-    TAG="$TAG" bash docker/build.sh --engine podman --only "$only"
+    TAG="$TAG" bash docker/build.sh --engine podman --only "$only" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+    grep '^build.sh:' "$log" || true
   done
+  rm -f "$log"
 fi
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/docker/podman/containers.conf}"
 exec env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m tests.cluster.play \
