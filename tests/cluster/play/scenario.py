@@ -169,9 +169,10 @@ class PlayedRun:
             self.ledger.notes.append(f"{op}: {exc}")
 
     def event(self, kind: str, at: int, pod: str) -> Event:
-        e = Event(kind, at, self.ledger.fault(kind), pod)
+        done = max(self.ledger.committed, default=-1)
+        e = Event(kind, done, self.ledger.fault(kind), pod)
         self.events.append(e)
-        self.log(f"{self.elapsed()} {kind} {pod} (step {at} committed)")
+        self.log(f"{self.elapsed()} {kind} {pod} (due after step {at}; {done + 1} steps committed)")
         return e
 
     def serving(self, e: Event, pods: list[Pod], timeout: float = 600.0) -> None:
