@@ -189,11 +189,14 @@ class Player:
         proc = podman("inspect", "--format", "{{json .State}}", name, check=False)
         return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
-    def restart_exited(self, plan: Plan, skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
-        """restartPolicy Always: start again every pod container that exited (a kill -9, a crash), but `skip`."""
+    def restart_exited(self, plan: Plan, finished_ok: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """restartPolicy Always: start again every pod container that exited (a kill -9, a crash), but those of
+        `finished_ok` that exited 0 (a trainer that finished the run: judged on the same state read)."""
         restarted = []
         for pod in plan.pods.values():
-            st = self.state(pod.name) if pod.name not in skip else {}
+            st = self.state(pod.name)
+            if pod.name in finished_ok and st.get("Status") == "exited" and st.get("ExitCode") == 0:
+                continue
             if st and not st.get("Running"):
                 podman("start", pod.name)
                 restarted.append(pod.name)

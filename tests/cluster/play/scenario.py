@@ -150,8 +150,8 @@ class PlayedRun:
     def kubelet(self) -> None:
         """restartPolicy Always for every pod but a trainer that finished the run (exit 0)."""
         with self.lock:
-            trainer = {p.name for p in self.pods("trainer")} if self.trainer_done() else set()
-            for name in self.player.restart_exited(self.plan, skip=trainer):
+            trainer = {p.name for p in self.pods("trainer")}
+            for name in self.player.restart_exited(self.plan, finished_ok=trainer):
                 self.log(f"{self.elapsed()} {name} exited: started again (restartPolicy Always)")
 
     def elapsed(self) -> str:
