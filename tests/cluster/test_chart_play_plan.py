@@ -153,6 +153,8 @@ def test_scaling_replicas_by_re_render_changes_only_the_replicas(
     rollout = {n for n, p in two.pods.items() if p.labels["app.kubernetes.io/component"] == "rollout"}
     assert len(rollout) == 2 and set(two.pods) - set(one.pods) == rollout - set(one.pods)
     assert {n: p.template_hash for n, p in one.pods.items()} == {n: two.pods[n].template_hash for n in one.pods}
+    trainer = next(n for n, p in one.pods.items() if p.labels["app.kubernetes.io/component"] == "trainer")
+    assert one.pods[trainer].files["signing"] == two.pods[trainer].files["signing"]   # cert-manager keeps the key
     ids = {two.pods[n].main.args[-1] for n in rollout}
     assert ids == {f"--replica-id={n}" for n in rollout}          # each replica its own identity (its pod name)
     other = plan_of({"rollout": {"replicas": 1}, "runConfig": {"trainer": {"lr": 0.5}}})

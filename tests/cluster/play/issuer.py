@@ -22,6 +22,8 @@ CSI = "csi.cert-manager.io"
 class PlayIssuer:
     def __init__(self) -> None:
         self.ca = create_ca("rlfleet play run CA (cert-manager's part)")
+        self.issued: dict[str, dict[str, bytes]] = {}     # what cert-manager keeps: a re-render (helm upgrade) finds
+                                                          # each Secret as it was, the signing key above all
 
     def _issue(self, uri: str, hosts: list[str], where: str) -> tuple[bytes, bytes]:
         if not uri.startswith(URI_PREFIX):
@@ -35,6 +37,11 @@ class PlayIssuer:
         spec, where = obj["spec"], f"Certificate {obj['metadata']['name']}"
         if spec.get("isCA"):
             return None
+        if spec["secretName"] not in self.issued:
+            self.issued[spec["secretName"]] = self._certificate(spec, where)
+        return self.issued[spec["secretName"]]
+
+    def _certificate(self, spec: dict[str, Any], where: str) -> dict[str, bytes]:
         if spec.get("privateKey", {}).get("algorithm") == "Ed25519":
             with tempfile.TemporaryDirectory() as tmp:
                 generate_signing_key(Path(tmp) / "k", Path(tmp) / "p")
@@ -49,8 +56,11 @@ class PlayIssuer:
     def csi_files(self, attributes: dict[str, str], pod: str, where: str) -> dict[str, bytes]:
         """The files a csi.cert-manager.io volume holds for `pod`: certificate, key and CA, under the names its
         attributes give."""
+        if pod in self.issued:                            # the csi-driver's certificate lives as long as the pod
+            return self.issued[pod]
         attr = {k.removeprefix(f"{CSI}/"): v.replace("${POD_NAME}", pod) for k, v in attributes.items()}
         hosts = [h for key in ("dns-names", "ip-sans") for h in attr.get(key, "").split(",")]
         crt, key = self._issue(attr.get("uri-sans", ""), hosts, where)
-        return {attr.get("certificate-file", "tls.crt"): crt, attr.get("privatekey-file", "tls.key"): key,
-                attr.get("ca-file", "ca.crt"): self.ca.cert_pem}
+        self.issued[pod] = {attr.get("certificate-file", "tls.crt"): crt, attr.get("privatekey-file", "tls.key"): key,
+                            attr.get("ca-file", "ca.crt"): self.ca.cert_pem}
+        return self.issued[pod]
