@@ -149,7 +149,11 @@ def test_scaling_replicas_by_re_render_changes_only_the_replicas(
     def plan_of(over: dict[str, Any]) -> Plan:
         return make_plan(render(merge(cm, over), release="add1", namespace=NS), "add1", NS, issuer=issuer)
 
-    one, two = plan_of({"rollout": {"replicas": 1}}), plan_of({"rollout": {"replicas": 2}})
+    one = plan_of({"rollout": {"replicas": 1}})
+    two = make_plan(render(merge(cm, {"rollout": {"replicas": 2}}), release="add1", namespace=NS), "add1", NS,
+                    issuer=issuer, keep=one.kept_secrets, ips={n: p.ip for n, p in one.pods.items()})
+    redis = next(n for n, p in one.pods.items() if p.labels["app.kubernetes.io/component"] == "redis")
+    assert one.pods[redis].main.env["REDIS_PASSWORD"] == two.pods[redis].main.env["REDIS_PASSWORD"]   # lookup
     rollout = {n for n, p in two.pods.items() if p.labels["app.kubernetes.io/component"] == "rollout"}
     assert len(rollout) == 2 and set(two.pods) - set(one.pods) == rollout - set(one.pods)
     assert {n: p.template_hash for n, p in one.pods.items()} == {n: two.pods[n].template_hash for n in one.pods}

@@ -117,6 +117,7 @@ class Plan:
     volumes: list[str] = field(default_factory=list)       # podman volume names (PVCs, claim templates)
     not_enforced: list[str] = field(default_factory=list)
     not_played: list[str] = field(default_factory=list)    # workloads left out, with why
+    kept_secrets: dict[str, dict[str, bytes]] = field(default_factory=dict)   # rendered Secrets as played
 
 
 def _decode_secret(obj: dict[str, Any]) -> dict[str, bytes]:
@@ -157,7 +158,7 @@ def _template_hash(template: dict[str, Any]) -> str:
 class _Planner:
     def __init__(self, objects: list[dict[str, Any]], release: str, namespace: str,
                  secrets: dict[str, dict[str, bytes]], subnet: str, ips: dict[str, str],
-                 issuer: PlayIssuer | None) -> None:
+                 issuer: PlayIssuer | None, keep: dict[str, dict[str, bytes]]) -> None:
         self.issuer = issuer
         self.objects = objects
         self.namespace = namespace
@@ -167,7 +168,12 @@ class _Planner:
         self.configmaps = {o["metadata"]["name"]: {k: str(v).encode() for k, v in (o.get("data") or {}).items()}
                            for o in objects if o["kind"] == "ConfigMap"}
         self.secrets = dict(secrets)
-        self.secrets.update({o["metadata"]["name"]: _decode_secret(o) for o in objects if o["kind"] == "Secret"})
+        rendered = {o["metadata"]["name"]: _decode_secret(o) for o in objects if o["kind"] == "Secret"}
+        # helm's `lookup` (the Redis password: kept on upgrade) has no cluster to read when rendering offline: a
+        # Secret already played keeps its data, as the chart means it to
+        rendered.update({k: v for k, v in keep.items() if k in rendered})
+        self.secrets.update(rendered)
+        self.plan.kept_secrets = rendered
         self.services = [o for o in objects if o["kind"] == "Service"]
         self.mounted: set[tuple[str, str]] = set()
 
@@ -372,8 +378,10 @@ def _numbered(probe: dict[str, Any] | None, c: dict[str, Any]) -> dict[str, Any]
 
 def make_plan(objects: list[dict[str, Any]], release: str, namespace: str,
               secrets: dict[str, dict[str, bytes]] | None = None, subnet: str = "10.89.77.0/24",
-              ips: dict[str, str] | None = None, issuer: PlayIssuer | None = None) -> Plan:
+              ips: dict[str, str] | None = None, issuer: PlayIssuer | None = None,
+              keep: dict[str, dict[str, bytes]] | None = None) -> Plan:
     """The pods, volumes and not-enforced list of a rendered release; `secrets`: Secrets made beforehand
     (existing_secrets); `ips`: addresses of pods already played (kept; new pods get free ones); `issuer`: plays
-    cert-manager's Certificates and csi-driver volumes (without it they are refused or listed as not enforced)."""
-    return _Planner(objects, release, namespace, secrets or {}, subnet, ips or {}, issuer).run()
+    cert-manager's Certificates and csi-driver volumes (without it they are refused or listed as not enforced);
+    `keep`: the rendered Secrets as already played (a re-render keeps their data, as helm's lookup would)."""
+    return _Planner(objects, release, namespace, secrets or {}, subnet, ips or {}, issuer, keep or {}).run()

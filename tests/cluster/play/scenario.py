@@ -86,7 +86,7 @@ class PlayedRun:
         objects = render(values, release=self.release, namespace=self.namespace)
         ips = {p.name: p.ip for p in self.plan.pods.values()}
         return make_plan(objects, self.release, self.namespace, existing_secrets(self.work / "secrets"), ips=ips,
-                         issuer=self.issuer)
+                         issuer=self.issuer, keep=self.plan.kept_secrets)
 
     @property
     def run_name(self) -> str:
