@@ -196,8 +196,13 @@ def prepare(model_dir: str, seed: int = 0) -> None:
     build_cached(Path(model_dir), recipe, build, also=({**RECIPE, "seed": seed},))
 
 
-def random_init(model_dir: str, seed: int = 0) -> None:
-    """model.prepare of sft.yaml: the random tiny llama, built once (cached by config.json)."""
-    path = Path(model_dir)
-    if not (path / "config.json").exists():
-        build_random_model(path, seed=seed)
+def random_start(model_dir: str, seed: int = 0) -> None:
+    """model.prepare for runs that test the machinery, not the learning, and sft.yaml's starting point: the random tiny
+    llama alone (no supervised steps: seconds instead of minutes on a busy CPU), built and renamed into place once like
+    `prepare`."""
+
+    def build(tmp: Path) -> int:
+        build_random_model(tmp, seed=seed)
+        return 0
+
+    build_cached(Path(model_dir), {"random": True, "seed": seed}, build)

@@ -8,6 +8,7 @@ naming the global, before any of it is called), and non-tensor items through `to
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 from pathlib import Path
@@ -42,10 +43,23 @@ class RestrictedUnpickler(pickle.Unpickler):
         self._allowed = allowed
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            # some Pythons (Debian bookworm's 3.11.2, the images' python; 3.12+) pickle an enum member as
+            # getattr(EnumClass, "NAME"): resolved only for members of allowed Enum classes, nothing else
+            return self._enum_member
         if (module, name) not in self._allowed:
             raise UnsafePickleError(f"{self._source}: refuses to load global {module}.{name} (not a DCP metadata "
                                     "type); the checkpoint was not written by rlfleet's trainer")
         return super().find_class(module, name)
+
+
+    def _enum_member(self, cls: Any, name: str) -> Any:
+        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)
+                and (cls.__module__, cls.__qualname__) in self._allowed and isinstance(name, str)
+                and name in cls.__members__):
+            raise UnsafePickleError(f"{self._source}: refuses getattr({cls!r}, {name!r}) (only members of the allowed "
+                                    "DCP enums); the checkpoint was not written by rlfleet's trainer")
+        return cls[name]
 
 
 def restricted_load(data: bytes, source: str) -> Any:

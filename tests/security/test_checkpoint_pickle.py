@@ -138,3 +138,29 @@ def test_resume_takes_only_checkpoints_the_trainer_sealed(tmp_path: Path, group:
     (genuine / checkpoint.META).write_text(json.dumps({**meta, "version": 77}))
     _rehash(genuine)
     assert latest_sealed(tmp_path, verifier) is None   # an edited file breaks the seal
+
+
+class _Reduced:
+    """Pickles as `fn(*args)`: how some Pythons (Debian's 3.11.2, 3.12+) pickle an enum member (getattr)."""
+
+    def __init__(self, fn: object, args: tuple[object, ...]) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return self.fn, self.args
+
+
+def test_enum_members_pickled_by_getattr_load_and_nothing_else_does() -> None:
+    from pathlib import PosixPath
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from rlfleet.security.safe_unpickle import UnsafePickleError, restricted_load
+
+    member = _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
+    data = pickle.dumps([_Reduced(getattr, (_MEM_FORMAT_ENCODING, member.name))])
+    assert b"getattr" in data
+    assert restricted_load(data, "m") == [member]
+    for fn_args in ((PosixPath, "cwd"), (_MEM_FORMAT_ENCODING, "__class__"), (_MEM_FORMAT_ENCODING, "_missing_")):
+        with pytest.raises(UnsafePickleError, match="refuses getattr"):
+            restricted_load(pickle.dumps(_Reduced(getattr, fn_args)), "m")

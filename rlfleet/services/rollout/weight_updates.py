@@ -3,8 +3,9 @@
 The same path serves the WeightSync subscription and the Rollout.LoadWeights RPC. The fetch (network, collective,
 NIXL or delta files) runs while the engine keeps generating; only the load pauses it, in one of two modes:
 `in_place` (in-flight requests continue under the new weights) or `retract` (in-flight requests are aborted, so the
-work loop re-queues them). A failed attempt is retried once; then the failure is reported (ok=false) and the
-previous version keeps serving.
+work loop re-queues them). A failed attempt is retried (with waits of 1 to 16 s while the data plane cannot be
+reached; once for any other failure, never for a signature that does not verify); then the failure is reported
+(ok=false) and the previous version keeps serving.
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ from rlfleet.security.signing import SignatureError, Verifier, verify_manifest, 
 from rlfleet.services.rollout.engines.base import Pausable, WeightLoadTarget, on_engine_thread
 from rlfleet.services.rollout.engines.lora import LoraMerger
 from rlfleet.services.weight_sync.transports.contract import Fetch, Receiver, ReceiverSetup, WeightHolder
+from rlfleet.services.weight_sync.transports.errors import WeightTransferError
 from rlfleet.services.weight_sync.transports.manifest import digest_of
 from rlfleet.services.weight_sync.transports.registry import transport
 from rlfleet.v1 import weight_sync_pb2, weight_sync_pb2_grpc, weights_pb2
 from rlfleet.weights.tied import TIED_OPTION, with_aliases
 
 log = logging.getLogger(__name__)
+# Waits between attempts when the data plane could not be reached (a transfer error): a trainer pod just started or
+# restarted may not resolve or answer for some seconds, and a version no attempt fetched is never offered again
+# (the next comes with the next step, which waits for this replica's samples). Any other failure is retried once.
+TRANSFER_RETRY_WAITS = (1.0, 2.0, 4.0, 8.0, 16.0)
+TRANSIENT = (WeightTransferError, ConnectionError, grpc.RpcError)
 
 Receivers = Callable[[str], Fetch]
 
@@ -122,7 +129,9 @@ class WeightUpdater:
             return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,
                                             digest=self.digest)               # already applied (LoadWeights + sub)
         error = ""
-        for attempt in (1, 2):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 nbytes = self._fetch_and_load(manifest)
                 self._applied(manifest.version, manifest.epoch)
@@ -133,6 +142,10 @@ class WeightUpdater:
                 log.warning("weight version %d, attempt %d failed: %s", manifest.version, attempt, error)
                 if isinstance(exc, SignatureError):      # forged or unsigned: fetching again cannot help
                     break
+                waits = TRANSFER_RETRY_WAITS if isinstance(exc, TRANSIENT) else (0.0,)
+                if attempt > len(waits):
+                    break
+                time.sleep(waits[attempt - 1])
         self.failures += 1
         return weights_pb2.UpdateResult(replica_id=self.replica_id, version=self.engine.weight_version, ok=False,
                                         error=error, digest=self.digest, seconds=time.monotonic() - start)

@@ -208,8 +208,11 @@ livenessProbe:
 {{- end }}
 {{- end -}}
 
+{{- /* Pods roll when the run config changes, but not for rollout.replicas: the config holds only the count the run
+starts with (configmap-config.yaml), so `helm upgrade --set rollout.replicas=N` must start or stop replicas, not
+restart the trainer, buffer and weight sync (found by playing the chart: tests/cluster/play/). */ -}}
 {{- define "rlfleet.configChecksum" -}}
-checksum/config: {{ include (print .Template.BasePath "/configmap-config.yaml") . | sha256sum }}
+checksum/config: {{ regexReplaceAll "(?m)^(    rollout:\n(?:      .*\n)*?      replicas:) [0-9]+$" (include (print .Template.BasePath "/configmap-config.yaml") .) "${1} N" | sha256sum }}
 {{- end -}}
 
 {{- define "rlfleet.scrapeAnnotations" -}}

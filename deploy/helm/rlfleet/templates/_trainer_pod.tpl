@@ -40,6 +40,25 @@ spec:
             matchLabels:
               {{- include "rlfleet.selectorLabels" $c | nindent 14 }}
           topologyKey: {{ .Values.topology.rackLabel }}
+  {{- if .Values.runConfig.model.prepare }}
+  {{- /* Nothing else on a cluster runs model.prepare (`rlfleet run`'s launcher does it on one machine): the model
+  folder is built here, on the run volume, before the rank starts; replicas wait for it. */}}
+  initContainers:
+    - name: prepare-model
+      image: {{ include "rlfleet.image" (dict "root" . "role" "trainer") }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      command: ["python", "-m", "rlfleet.services.trainer.prepare_model", "--config=/etc/rlfleet/config.yaml"]
+      env:
+        {{- include "rlfleet.commonEnv" . | nindent 8 }}
+        - name: OMP_NUM_THREADS
+          value: {{ .Values.trainer.threads | quote }}
+      resources:
+        {{- include "rlfleet.resources" (dict "root" . "resources" .Values.trainer.resources "gpus" 0) | nindent 8 }}
+      securityContext:
+        {{- include "rlfleet.containerSecurityContext" (dict "root" . "gpu" false) | nindent 8 }}
+      volumeMounts:
+        {{- include "rlfleet.volumeMounts" (dict "root" . "storage" true "gpu" false "writeCheckpoints" true "identity" "") | nindent 8 }}
+  {{- end }}
   containers:
     {{- $env := list
         (dict "name" "WORLD_SIZE" "value" (include "rlfleet.trainerWorldSize" .))
