@@ -14,6 +14,7 @@ VALUES = ROOT / "deploy" / "values"
 # The four scenarios the issue names: each is a list of values files applied in order (like repeated -f).
 SCENARIOS: dict[str, list[str]] = {
     "cpu-minimal": ["cpu-minimal.yaml"],
+    "play-cpu": ["play-cpu.yaml"],
     "gpu-64gpus-2racks": ["gpu-64gpus-2racks.yaml"],
     "gpu-spares": ["gpu-64gpus-2racks.yaml", "spares.yaml"],
     "gpu-integrations": ["gpu-64gpus-2racks.yaml", "integrations.yaml"],

@@ -42,7 +42,8 @@ spec:
           topologyKey: {{ .Values.topology.rackLabel }}
   {{- if .Values.runConfig.model.prepare }}
   {{- /* Nothing else on a cluster runs model.prepare (`rlfleet run`'s launcher does it on one machine): the model
-  folder is built here, on the run volume, before the rank starts; replicas wait for it. */}}
+  folder is built here, on the model volume (writable in this init container only; model.path must be under /models,
+  the one volume replicas see too), before the rank starts; replicas wait for it. */}}
   initContainers:
     - name: prepare-model
       image: {{ include "rlfleet.image" (dict "root" . "role" "trainer") }}
@@ -57,7 +58,7 @@ spec:
       securityContext:
         {{- include "rlfleet.containerSecurityContext" (dict "root" . "gpu" false) | nindent 8 }}
       volumeMounts:
-        {{- include "rlfleet.volumeMounts" (dict "root" . "storage" true "gpu" false "writeCheckpoints" true "identity" "") | nindent 8 }}
+        {{- include "rlfleet.volumeMounts" (dict "root" . "storage" true "gpu" false "writeCheckpoints" true "writeModel" true "identity" "") | nindent 8 }}
   {{- end }}
   containers:
     {{- $env := list

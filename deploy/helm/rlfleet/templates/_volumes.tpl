@@ -10,7 +10,9 @@ of component `identity`. */}}
 - name: model
   persistentVolumeClaim:
     claimName: {{ default (include "rlfleet.name" (dict "root" .root "component" "model")) .root.Values.storage.model.existingClaim }}
-    readOnly: true
+    {{- /* Read-only everywhere but in trainer pods that build it (model.prepare): there only their init container
+    mounts it writable; every service container mounts it read-only. */}}
+    readOnly: {{ not (and (eq .identity "trainer") .root.Values.runConfig.model.prepare) }}
 {{- if eq .identity "trainer" }}
 {{- /* The checkpoint volume reaches trainer pods only: no other pod can hide, replace or roll back a sealed
 checkpoint (a read-only subPath overlay on a writable mount could be side-stepped by renaming its parent). */}}
@@ -64,7 +66,7 @@ lists and no others). */}}
 {{- if .storage }}
 - name: model
   mountPath: /models
-  readOnly: true
+  readOnly: {{ not .writeModel }}
 - name: data
   mountPath: /data
 {{- if and (include "rlfleet.deltaVolume" .root) (has .identity (list "trainer" "rollout")) }}
