@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 
 from rlfleet.run_dir.lineage import Epoch
 from rlfleet.runtime.metrics import BufferMetrics
-from rlfleet.sample import SequenceTooLong, sample_key
+from rlfleet.sample import SequenceTooLong
 from rlfleet.sample.batch_check import first_invalid
 from rlfleet.sample.limits import SampleLimits
-from rlfleet.services.buffer.errors import BufferFull, CheckpointBehind, InvalidRequest, InvalidSample, StepCommitted
+from rlfleet.services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted
 from rlfleet.services.buffer.filters import GroupFilter
 from rlfleet.services.buffer.gate import Gate
 from rlfleet.services.buffer.lineage_check import LineageCheck
@@ -58,6 +58,7 @@ from rlfleet.services.buffer.results import (
     ResumeResult,
     outcomes,
 )
+from rlfleet.services.buffer.resume import check_not_behind, resumed_trained, trained_mutations
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.state import Group, State
 from rlfleet.services.buffer.stores import Store, StoreError, Superseded
@@ -72,10 +73,6 @@ def group_id(prompt_index: int) -> str:
 
 STALENESS = "staleness"   # Claim reason prefix: the replica must load newer weights first
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _checkpoint_name(step: int) -> str:
-    return "no checkpoint (step 0)" if step < 0 else f"the checkpoint of step {step}"
 
 
 def durable_reply(fn: F) -> F:
@@ -494,15 +491,8 @@ class BufferCore:
         with self._cond:
             self._ensure_loaded()
             committed = self.state.committed_step
-            if checkpoint_step < committed and not allow_older:
-                raise CheckpointBehind(
-                    f"the trainer resumes from {_checkpoint_name(checkpoint_step)} but the buffer has acknowledged "
-                    f"every step through {committed}: the samples of steps {checkpoint_step + 1}..{committed} left "
-                    f"the buffer and are in no checkpoint it can load. Resume from the checkpoint of step "
-                    f"{committed} or later (is it missing, or does it fail its seal?), or set "
-                    f"run.allow_older_checkpoint=true to go on from step {committed + 1} without them")
-            drops, dropped = self._trained_mutations(
-                {key: step for key, step in trained.items() if committed < step <= checkpoint_step})
+            check_not_behind(checkpoint_step, committed, allow_older)
+            drops, dropped = self._trained_mutations(resumed_trained(trained, committed, checkpoint_step))
             ack = self._ack_steps(checkpoint_step, past_delivered=True) if checkpoint_step > committed else None
             muts: list[Mutation] = [*drops, *([ack] if ack is not None else [])]
             if muts:
@@ -524,29 +514,8 @@ class BufferCore:
             return n
 
     def _trained_mutations(self, committed: Mapping[str, int]) -> tuple[list[Mutation], int]:
-        """The mutations dropping (reason `trained`) every ready or open group holding a sample of committed, and
-        the samples they drop. Called with the lock held."""
-        if not committed:
-            return [], 0
-        st, until = self.state, self.clock() + self.settings.lease_seconds
-
-        def trained(g: Group) -> bool:
-            return any(sample_key(g.gid, i) in committed for i in g.samples)
-
-        ready = [g for g in st.ready.values() if trained(g)]
-        open_ = sorted((g for g in st.open.values() if trained(g)), key=lambda g: g.prompt_index)
-        muts: list[Mutation] = []
-        if ready:
-            seqs = tuple(e.seq for g in ready for e in g.entries())
-            muts.append(Stale(tuple(g.gid for g in ready), tuple(g.ready_seq for g in ready), seqs, len(seqs),
-                              "trained"))
-        muts.extend(Cancel(g.gid, until, tuple(sorted(g.samples)), tuple(e.seq for e in g.samples.values()),
-                           "trained") for g in open_)
-        n = sum(len(g.kept) for g in ready) + sum(len(g.samples) for g in open_)
-        if n:
-            log.warning("dropping %d samples of %d groups a checkpoint already committed (reason: trained): %s",
-                        n, len(ready) + len(open_), ", ".join(g.gid for g in [*ready, *open_][:8]))
-        return muts, n
+        """resume.trained_mutations on the current state, cancelled groups remembered for a lease. Lock held."""
+        return trained_mutations(self.state, committed, self.clock() + self.settings.lease_seconds)
 
     # ---- Stats ---------------------------------------------------------------------------------------------------
     @property
