@@ -1,7 +1,9 @@
 """The buffer's decisions: tickets, puts, group completion, batches, acks. Transport-free; one lock.
 
 Every call computes mutations from the current State, commits them to the store (durable), then applies them.
-Waiting calls sleep on one condition variable, woken by every change and by the next lease expiry.
+Waiting calls sleep on one condition variable, woken by every change and by the next lease expiry. The mutations are
+computed by pure functions of the State beside it: tickets.py (which tickets a Claim gets), put_sorting.py (what a
+Put's samples do), resume.py (what a trainer's checkpoint means for the samples held).
 
 Group ids are `g<prompt_index>`, issued from the durable cursor, and an expired ticket is re-issued with the same
 id (samples already put for it are kept). So the committed-id set needs no storage of its own: a sample whose group
@@ -62,16 +64,12 @@ from rlfleet.services.buffer.resume import check_not_behind, resumed_trained, tr
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.state import Group, State
 from rlfleet.services.buffer.stores import Store, StoreError, Superseded
+from rlfleet.services.buffer.tickets import STALENESS, issue_mutations
 from rlfleet.v1 import buffer_pb2, sample_pb2
 
 log = logging.getLogger(__name__)
 
 
-def group_id(prompt_index: int) -> str:
-    return f"g{prompt_index}"
-
-
-STALENESS = "staleness"   # Claim reason prefix: the replica must load newer weights first
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -174,37 +172,9 @@ class BufferCore:
             self._told.difference_update(gone)
 
     def _issue(self, replica: str, version: int, max_groups: int) -> tuple[list[buffer_pb2.GroupTicket], str]:
-        s, st, now = self.settings, self.state, self.clock()
-        expired = sorted((g for g in st.open.values() if g.deadline <= now), key=lambda g: g.prompt_index)
-        in_flight = len(st.open) - len(expired)
-        stored, cursor = st.stored_samples(), st.next_prompt_index
-        delivered = st.acked_groups + len(st.delivered)
-        pending = len(st.ready) + len(st.open)      # live groups not yet delivered (dropped ones excluded)
-        muts: list[Issue] = []
-        reason = ""
-        while len(muts) < max_groups:
-            requeued = expired.pop(0) if expired else None
-            size = requeued.group_size if requeued else s.group_size
-            if stored + size * in_flight + size > s.capacity:
-                reason = f"capacity: {stored} stored + {in_flight} groups in flight of {s.capacity}"
-                break
-            step = self.gate.step_of(delivered, pending - 1 if requeued else pending)
-            if requeued is None and step >= s.steps:
-                reason = "every step's groups are claimed"
-                break
-            need = self.gate.version_needed(step)
-            if version < need:
-                reason = f"{STALENESS}: step {step} needs weight version >= {need}, replica has {version}"
-                if requeued is not None:
-                    expired.insert(0, requeued)
-                break
-            if requeued is not None:
-                muts.append(Issue(requeued.gid, requeued.prompt_index, size, now + s.lease_seconds, replica, version))
-            else:
-                muts.append(Issue(group_id(cursor), cursor, size, now + s.lease_seconds, replica, version))
-                cursor += 1
-                pending += 1
-            in_flight += 1
+        """tickets.issue_mutations on the current state, committed. Called with the lock held."""
+        s = self.settings
+        muts, reason = issue_mutations(self.state, s, self.gate, replica, version, max_groups, self.clock())
         if muts:
             self._commit(list(muts))
         tickets = [buffer_pb2.GroupTicket(group_id=m.gid, prompt_index=m.prompt_index, group_size=m.group_size,
