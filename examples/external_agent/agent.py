@@ -129,12 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=8, help="episodes per task (the run's rollout.group_size)")
     parser.add_argument("--reward", choices=sorted(REWARDS), default="exact")
     parser.add_argument("--tasks", type=int, default=None, help="stop after this many tasks (default: until ^C)")
+    parser.add_argument("--turns", type=int, choices=(1, 2), default=2,
+                        help="questions per episode (1 on the toy addition model: see README.md)")
     ns = parser.parse_args(argv)
     endpoint = Endpoint.of_run(ns.run_dir)
     print(f"agent: episodes on {endpoint.base_url}", file=sys.stderr)
     stop = threading.Event()
     try:
-        rewards = run_agent(endpoint, ns.group_size, stop, ns.reward, tasks=ns.tasks)
+        rewards = run_agent(endpoint, ns.group_size, stop, ns.reward, tasks=ns.tasks, turns=ns.turns)
     except KeyboardInterrupt:
         stop.set()
         return 130

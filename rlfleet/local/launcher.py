@@ -22,6 +22,7 @@ from rlfleet.local.openai_address import GATEWAY_FILE, endpoint_note, gateway_po
 from rlfleet.local.placement import thread_env
 from rlfleet.local.preflight import check_run
 from rlfleet.local.processes import Child, exit_reason, stop_together
+from rlfleet.local.replica_activity import ReplicaActivity
 from rlfleet.local.report import MetricsTail, Progress, format_summary, reward_curve, summarize
 from rlfleet.local.resume_notes import resumed_note
 from rlfleet.local.scale_hint import idle_replicas_hint
@@ -396,6 +397,7 @@ def _run(resolved: Config, config_path: Path, source: Path, warm: WarmInterprete
     progress = Progress(resolved.trainer.steps, run_dir=resolved.run_dir, eval_every=resolved.eval.every_steps,
                         has_eval=resolved.has_eval)
     tail = MetricsTail(resolved.run_dir / "metrics" / "trainer.jsonl")
+    activity = ReplicaActivity(resolved.run_dir / "metrics")
     started = time.monotonic()
     drawing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-curve")
 
@@ -415,7 +417,7 @@ def _run(resolved: Config, config_path: Path, source: Path, warm: WarmInterprete
         while not local.trainer_finished():
             local.reconcile_scale()
             local._check_children()
-            progress.update(tail.read())
+            progress.update(tail.read(), idle=activity.idle(local.replicas()))
             local.wait_trainers(0.5)             # returns as soon as the trainer exits
         progress.update(tail.read())
         progress.close()

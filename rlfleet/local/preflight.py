@@ -42,12 +42,15 @@ def use_plugin_import_path() -> None:
 
 
 def check_model(cfg: Config) -> None:
-    """model.path must be an HF folder or a GGUF file, unless model.prepare builds it at start-up."""
+    """model.path must be an HF folder, a GGUF file or an installed model package (rlfleet/weights/model_packages.py),
+    unless model.prepare builds it at start-up."""
+    from rlfleet.weights.model_packages import check_model_package
     from rlfleet.weights.model_source import ModelError, check_model
 
     if cfg.model.prepare and not cfg.model_path.exists():
         return
     try:
+        check_model_package(cfg.model_path)
         check_model(cfg.model_path)
     except ModelError as exc:
         raise PluginError(str(exc)) from None

@@ -6,6 +6,7 @@ import io
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -97,7 +98,9 @@ class Progress:
             left += self.eval_seconds * evals_to_come(done, self.total, self.eval_every)
         return left
 
-    def update(self, records: list[dict[str, Any]]) -> None:
+    def update(self, records: list[dict[str, Any]], idle: Sequence[str] = ()) -> None:
+        """A progress line from the trainer's new metric records; `idle` names the rollout replicas that generated
+        nothing lately while another did (rlfleet/local/replica_activity.py)."""
         self.phases()
         for rec in records:
             if "eval/pass_rate" in rec:
@@ -126,6 +129,8 @@ class Progress:
         eta = self.eta(step)
         if eta is not None and step < self.total:
             line += f"  ETA {format_seconds(eta)}"
+        if idle:
+            line += f"  idle: {', '.join(idle)}"
         self._write(line, keep=False)
 
     def _write(self, line: str, keep: bool) -> None:

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from rlfleet.chart.values import merge  # Helm's coalescing of -f files: the chart tool's own
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "rlfleet"
 VALUES = ROOT / "deploy" / "values"
@@ -19,17 +21,6 @@ SCENARIOS: dict[str, list[str]] = {
     "gpu-spares": ["gpu-64gpus-2racks.yaml", "spares.yaml"],
     "gpu-integrations": ["gpu-64gpus-2racks.yaml", "integrations.yaml"],
 }
-
-
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Helm's coalescing of -f files: maps merge key by key, everything else is replaced."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def scenario_values(name: str) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The buffer's decisions: tickets, puts, group completion, batches, acks. Transport-free; one lock.
 
 Every call computes mutations from the current State, commits them to the store (durable), then applies them.
-Waiting calls sleep on one condition variable, woken by every change and by the next lease expiry.
+Waiting calls sleep on one condition variable, woken by every change and by the next lease expiry. The mutations are
+computed by pure functions of the State beside it: tickets.py (which tickets a Claim gets), put_sorting.py (what a
+Put's samples do), resume.py (what a trainer's checkpoint means for the samples held).
 
 Group ids are `g<prompt_index>`, issued from the durable cursor, and an expired ticket is re-issued with the same
 id (samples already put for it are kept). So the committed-id set needs no storage of its own: a sample whose group
@@ -28,10 +30,10 @@ from typing import Any, TypeVar
 
 from rlfleet.run_dir.lineage import Epoch
 from rlfleet.runtime.metrics import BufferMetrics
-from rlfleet.sample import SequenceTooLong, sample_key
+from rlfleet.sample import SequenceTooLong
 from rlfleet.sample.batch_check import first_invalid
 from rlfleet.sample.limits import SampleLimits
-from rlfleet.services.buffer.errors import BufferFull, CheckpointBehind, InvalidRequest, InvalidSample, StepCommitted
+from rlfleet.services.buffer.errors import BufferFull, InvalidRequest, InvalidSample, StepCommitted
 from rlfleet.services.buffer.filters import GroupFilter
 from rlfleet.services.buffer.gate import Gate
 from rlfleet.services.buffer.lineage_check import LineageCheck
@@ -58,24 +60,17 @@ from rlfleet.services.buffer.results import (
     ResumeResult,
     outcomes,
 )
+from rlfleet.services.buffer.resume import check_not_behind, resumed_trained, trained_mutations
 from rlfleet.services.buffer.settings import BufferSettings
 from rlfleet.services.buffer.state import Group, State
 from rlfleet.services.buffer.stores import Store, StoreError, Superseded
+from rlfleet.services.buffer.tickets import STALENESS, issue_mutations
 from rlfleet.v1 import buffer_pb2, sample_pb2
 
 log = logging.getLogger(__name__)
 
 
-def group_id(prompt_index: int) -> str:
-    return f"g{prompt_index}"
-
-
-STALENESS = "staleness"   # Claim reason prefix: the replica must load newer weights first
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _checkpoint_name(step: int) -> str:
-    return "no checkpoint (step 0)" if step < 0 else f"the checkpoint of step {step}"
 
 
 def durable_reply(fn: F) -> F:
@@ -177,37 +172,9 @@ class BufferCore:
             self._told.difference_update(gone)
 
     def _issue(self, replica: str, version: int, max_groups: int) -> tuple[list[buffer_pb2.GroupTicket], str]:
-        s, st, now = self.settings, self.state, self.clock()
-        expired = sorted((g for g in st.open.values() if g.deadline <= now), key=lambda g: g.prompt_index)
-        in_flight = len(st.open) - len(expired)
-        stored, cursor = st.stored_samples(), st.next_prompt_index
-        delivered = st.acked_groups + len(st.delivered)
-        pending = len(st.ready) + len(st.open)      # live groups not yet delivered (dropped ones excluded)
-        muts: list[Issue] = []
-        reason = ""
-        while len(muts) < max_groups:
-            requeued = expired.pop(0) if expired else None
-            size = requeued.group_size if requeued else s.group_size
-            if stored + size * in_flight + size > s.capacity:
-                reason = f"capacity: {stored} stored + {in_flight} groups in flight of {s.capacity}"
-                break
-            step = self.gate.step_of(delivered, pending - 1 if requeued else pending)
-            if requeued is None and step >= s.steps:
-                reason = "every step's groups are claimed"
-                break
-            need = self.gate.version_needed(step)
-            if version < need:
-                reason = f"{STALENESS}: step {step} needs weight version >= {need}, replica has {version}"
-                if requeued is not None:
-                    expired.insert(0, requeued)
-                break
-            if requeued is not None:
-                muts.append(Issue(requeued.gid, requeued.prompt_index, size, now + s.lease_seconds, replica, version))
-            else:
-                muts.append(Issue(group_id(cursor), cursor, size, now + s.lease_seconds, replica, version))
-                cursor += 1
-                pending += 1
-            in_flight += 1
+        """tickets.issue_mutations on the current state, committed. Called with the lock held."""
+        s = self.settings
+        muts, reason = issue_mutations(self.state, s, self.gate, replica, version, max_groups, self.clock())
         if muts:
             self._commit(list(muts))
         tickets = [buffer_pb2.GroupTicket(group_id=m.gid, prompt_index=m.prompt_index, group_size=m.group_size,
@@ -494,15 +461,8 @@ class BufferCore:
         with self._cond:
             self._ensure_loaded()
             committed = self.state.committed_step
-            if checkpoint_step < committed and not allow_older:
-                raise CheckpointBehind(
-                    f"the trainer resumes from {_checkpoint_name(checkpoint_step)} but the buffer has acknowledged "
-                    f"every step through {committed}: the samples of steps {checkpoint_step + 1}..{committed} left "
-                    f"the buffer and are in no checkpoint it can load. Resume from the checkpoint of step "
-                    f"{committed} or later (is it missing, or does it fail its seal?), or set "
-                    f"run.allow_older_checkpoint=true to go on from step {committed + 1} without them")
-            drops, dropped = self._trained_mutations(
-                {key: step for key, step in trained.items() if committed < step <= checkpoint_step})
+            check_not_behind(checkpoint_step, committed, allow_older)
+            drops, dropped = self._trained_mutations(resumed_trained(trained, committed, checkpoint_step))
             ack = self._ack_steps(checkpoint_step, past_delivered=True) if checkpoint_step > committed else None
             muts: list[Mutation] = [*drops, *([ack] if ack is not None else [])]
             if muts:
@@ -524,29 +484,8 @@ class BufferCore:
             return n
 
     def _trained_mutations(self, committed: Mapping[str, int]) -> tuple[list[Mutation], int]:
-        """The mutations dropping (reason `trained`) every ready or open group holding a sample of committed, and
-        the samples they drop. Called with the lock held."""
-        if not committed:
-            return [], 0
-        st, until = self.state, self.clock() + self.settings.lease_seconds
-
-        def trained(g: Group) -> bool:
-            return any(sample_key(g.gid, i) in committed for i in g.samples)
-
-        ready = [g for g in st.ready.values() if trained(g)]
-        open_ = sorted((g for g in st.open.values() if trained(g)), key=lambda g: g.prompt_index)
-        muts: list[Mutation] = []
-        if ready:
-            seqs = tuple(e.seq for g in ready for e in g.entries())
-            muts.append(Stale(tuple(g.gid for g in ready), tuple(g.ready_seq for g in ready), seqs, len(seqs),
-                              "trained"))
-        muts.extend(Cancel(g.gid, until, tuple(sorted(g.samples)), tuple(e.seq for e in g.samples.values()),
-                           "trained") for g in open_)
-        n = sum(len(g.kept) for g in ready) + sum(len(g.samples) for g in open_)
-        if n:
-            log.warning("dropping %d samples of %d groups a checkpoint already committed (reason: trained): %s",
-                        n, len(ready) + len(open_), ", ".join(g.gid for g in [*ready, *open_][:8]))
-        return muts, n
+        """resume.trained_mutations on the current state, cancelled groups remembered for a lease. Lock held."""
+        return trained_mutations(self.state, committed, self.clock() + self.settings.lease_seconds)
 
     # ---- Stats ---------------------------------------------------------------------------------------------------
     @property

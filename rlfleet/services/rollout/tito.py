@@ -69,10 +69,13 @@ class TitoSession:
 
     @classmethod
     def from_prompt(cls, tokenizer: Any, prompt: str | Sequence[int]) -> TitoSession:
-        """A session of raw completions (no chat template): the prompt text tokenised as is, or the prompt's ids."""
+        """A session of raw completions (no chat template): the prompt's ids as given, or its text tokenised as the
+        run's own text prompts are (the rollout context, the evaluation: with the tokenizer's special tokens, e.g. a
+        leading <s>; vLLM's and SGLang's completions do the same). The session's text stays the client's text (no
+        <s>): what the client's next prompt extends. Later environment text is tokenised without special tokens."""
         session = cls.__new__(cls)
         if isinstance(prompt, str):
-            ids = _ids(tokenizer.encode(prompt, add_special_tokens=False))
+            ids = _ids(tokenizer.encode(prompt))
             session._start(tokenizer, [], prompt, ids)
         else:
             ids = [int(t) for t in prompt]
