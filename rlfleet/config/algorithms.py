@@ -82,6 +82,9 @@ ALGORITHM_PRESETS: Mapping[str, AlgorithmPreset] = MappingProxyType({preset.name
     AlgorithmPreset("clip_cov", "grpo", "clip_cov", needs_groups=True),
     AlgorithmPreset("kl_cov", "grpo", "kl_cov", needs_groups=True),
     AlgorithmPreset("opo", "opo", "clipped_pg", needs_groups=True),
+    # ReMax: the baseline is a greedy response's reward, not the group's (group_size 1 works; one extra greedy
+    # generation per group)
+    AlgorithmPreset("remax", "remax", "clipped_pg"),
 )})
 
 _NO_SPEC = AdvantageSpec("")

@@ -36,6 +36,7 @@ def _run(tmp_path: Path, warm_model: Path, overrides: dict[str, Any]) -> dict[st
     ("gspo", {}),
     ("reinforce_pp", {}),
     ("rloo", {}),
+    ("remax", {}),
 ])
 def test_algorithm_raises_heldout_accuracy(tmp_path: Path, warm_model: Path, algorithm: str,
                                            extra: dict[str, Any]) -> None:
