@@ -125,7 +125,7 @@ class SingleTurnGroups(GroupCollector):
 
     def _build_and_score(self, groups: Sequence[StartedGroup]) -> None:
         """Each group's samples in index order (FAILED where the engine raised), the others scored; a group with a
-        greedy request: its sample scored with them, its reward set as theirs reward_baseline, and not kept."""
+        greedy request: its sample scored with them, its reward set as their reward_baseline, and not kept."""
         baselines: list[Sample | None] = []
         for g in groups:
             g.samples = [sample_of(self._ctx, g.prompt_ids, g.ticket, i, r) for i, r in enumerate(g.requests)]
