@@ -17,6 +17,7 @@ from rlfleet.plugins import PluginError
 from rlfleet.sample import Sample
 from rlfleet.services.rollout.labelled import labelled
 from rlfleet.services.rollout.rollout_fns import single_turn
+from rlfleet.services.trainer.advantages import TOKEN_REWARDS
 from rlfleet.services.trainer.algorithms import resolve_advantage
 from rlfleet.services.trainer.batch import build_train_batch
 from rlfleet.services.trainer.reward_baselines import REWARD_BASELINES
@@ -66,6 +67,20 @@ def test_remax_return_minus_the_greedy_reward() -> None:
             assert float(adv[i, j]) == pytest.approx((REWARDS[i] - baselines[i]) if k else 0.0, abs=1e-6)
     with pytest.raises(ValueError, match="reward_baselines"):
         resolve_advantage("remax")(train_batch(MASK, rewards=REWARDS, groups=GROUPS))
+
+
+def test_remax_with_per_token_rewards_is_the_return_to_go_minus_the_baseline() -> None:
+    """With per-token rewards (the KL-in-reward penalty) each token's advantage is the sum of the rewards from it
+    to the end (the outcome reward on the last valid token) minus the greedy baseline; 0 on padding."""
+    baselines = [0.5, 0.5, 0.5, 1.0, 1.0, 2.0]
+    per_token = [[0.1 * (i + 1) + 0.01 * j for j in range(4)] for i in range(len(MASK))]
+    adv = resolve_advantage("remax")(train_batch(MASK, rewards=REWARDS, groups=GROUPS, extras={
+        REWARD_BASELINES: torch.tensor(baselines), TOKEN_REWARDS: torch.tensor(per_token)}))
+    for i, row in enumerate(MASK):
+        last = max(j for j, k in enumerate(row) if k)
+        for j, k in enumerate(row):
+            rest = sum(per_token[i][t] for t in range(j, len(row)) if row[t]) + (REWARDS[i] if j <= last else 0.0)
+            assert float(adv[i, j]) == pytest.approx(rest - baselines[i] if k else 0.0, abs=1e-5)
 
 
 def _example(trainer: dict[str, Any]) -> Config:
