@@ -116,6 +116,24 @@ class ServesWeightVersion(Protocol):
 
 
 @runtime_checkable
+class SuppliesRewardBaselines(Protocol):
+    """Optional capability of a RolloutFn: `supplies_reward_baselines = True` says that, when its context asks for
+    them (WantsRewardBaselines), it sets on every sample of a group the reward of one greedy (temperature 0) response
+    to the prompt, scored by the same reward and not put (Sample.reward_baseline: ReMax's baseline). `rlfleet check`
+    refuses an estimator that needs them (AdvantageSpec.needs_reward_baseline) with a rollout function without it."""
+
+    supplies_reward_baselines: bool
+
+
+@runtime_checkable
+class WantsRewardBaselines(Protocol):
+    """Optional for a RolloutContext: `reward_baselines = True` when the trainer's estimator reads a greedy baseline
+    reward per group (the rollout service's contexts declare it, from AdvantageSpec.needs_reward_baseline)."""
+
+    reward_baselines: bool
+
+
+@runtime_checkable
 class ReadsLabels(Protocol):
     """Optional capability of a RolloutFn: `needs_labels = True` says every data row must hold a supervised target
     (rlfleet/data/labels.py), so `rlfleet run` checks the data for one before anything starts."""

@@ -25,6 +25,7 @@ from rlfleet.config.algorithms import (
     advantage_spec,
     needs_critic,
     needs_groups,
+    needs_reward_baseline,
     needs_teacher,
     reads_only_rewards,
 )
@@ -180,6 +181,7 @@ __all__ = [
     "megatron_unsupported",
     "needs_critic",
     "needs_groups",
+    "needs_reward_baseline",
     "needs_teacher",
     "parse_config",
     "reads_only_rewards",

@@ -28,6 +28,10 @@ class AdvantageSpec:
     # reads only rewards (never old / reference / teacher logprobs or critic values): its advantages exist before
     # the training forward, so zero-advantage rows can be left out of it (perf.skip_zero_advantage)
     reward_only: bool = False
+    # reads batch.extras['reward_baselines'] (ReMax): the rollout function must declare it supplies a greedy baseline
+    # reward per group (rlfleet.protocols.SuppliesRewardBaselines; `rlfleet check` refuses one that does not), and
+    # the rollout then generates and scores one greedy response per group (not trained on)
+    needs_reward_baseline: bool = False
     # what the rollout does not deliver yet, so `rlfleet check` refuses this estimator ("" when nothing)
     missing: str = ""
 
@@ -53,8 +57,7 @@ ADVANTAGE_SPECS: Mapping[str, AdvantageSpec] = MappingProxyType({spec.name: spec
     AdvantageSpec("sft"),
     AdvantageSpec("opo", reward_only=True),
     AdvantageSpec("gpg", reward_only=True),
-    AdvantageSpec("remax", missing="a greedy (temperature 0) response per prompt scored as the reward baseline "
-                  "(batch.extras['reward_baselines']); the rollout does not produce it yet"),
+    AdvantageSpec("remax", reward_only=True, needs_reward_baseline=True),
 )})
 
 # the built-in losses (trainer.loss, or a preset's): rlfleet/services/trainer/losses.py LOSSES implements each
@@ -79,6 +82,9 @@ ALGORITHM_PRESETS: Mapping[str, AlgorithmPreset] = MappingProxyType({preset.name
     AlgorithmPreset("clip_cov", "grpo", "clip_cov", needs_groups=True),
     AlgorithmPreset("kl_cov", "grpo", "kl_cov", needs_groups=True),
     AlgorithmPreset("opo", "opo", "clipped_pg", needs_groups=True),
+    # ReMax: the baseline is a greedy response's reward, not the group's (group_size 1 works; one extra greedy
+    # generation per group)
+    AlgorithmPreset("remax", "remax", "clipped_pg"),
 )})
 
 _NO_SPEC = AdvantageSpec("")
@@ -102,6 +108,10 @@ def needs_critic(t: TrainerConfig) -> bool:
 
 def needs_teacher(t: TrainerConfig) -> bool:
     return advantage_spec(t).needs_teacher
+
+
+def needs_reward_baseline(t: TrainerConfig) -> bool:
+    return advantage_spec(t).needs_reward_baseline
 
 
 def reads_only_rewards(t: TrainerConfig) -> bool:

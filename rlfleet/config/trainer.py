@@ -178,7 +178,7 @@ class TrainerConfig(Section):
     groups_per_step: int = Field(8, ge=1, description="Groups (prompts x rollout.group_size samples) per step.")
     algorithm: str = Field("grpo", description="Preset naming an advantage and a loss: grpo, rloo, drgrpo, gspo, "
                            "ppo, reinforce_pp, reinforce_pp_baseline, dapo, distill, sft, cispo, gpg, clip_cov, "
-                           "kl_cov, opo.")
+                           "kl_cov, opo, remax.")
     convention: Literal["rlfleet", "verl", "trl"] = Field("rlfleet", description="Sets every verl / TRL convention "
                                                           "knob the config does not set itself (kl.agg, kl.logged, "
                                                           "policy_loss.entropy_agg, policy_loss.empty_rows, "

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rlfleet.config import Config, check_trainer, needs_teacher
+from rlfleet.config import Config, advantage_name, check_trainer, needs_reward_baseline, needs_teacher
 from rlfleet.plugins import PluginError, load_callable, load_hooks
 from rlfleet.protocols import (
     AdvantageEstimator,
@@ -26,6 +26,7 @@ from rlfleet.protocols import (
     ReadsLabels,
     RolloutFn,
     SampleFilter,
+    SuppliesRewardBaselines,
 )
 
 
@@ -169,6 +170,20 @@ def check_run(cfg: Config, trainer_check: Callable[[str], str | None] | None = N
     finish_algorithm_check(algorithm, cfg)
 
 
+def check_reward_baselines(cfg: Config, rollout_fn: RolloutFn) -> None:
+    """An estimator that reads a greedy baseline reward per group (ReMax: AdvantageSpec.needs_reward_baseline) needs
+    a rollout function that declares it supplies one (SuppliesRewardBaselines: the built-in single_turn does; an
+    agent's rollout function, or the data replica's labelled SFT rows, do not)."""
+    if not needs_reward_baseline(cfg.trainer):
+        return
+    if isinstance(rollout_fn, SuppliesRewardBaselines) and rollout_fn.supplies_reward_baselines:
+        return
+    raise PluginError(f"trainer advantage {advantage_name(cfg.trainer)} needs a greedy (temperature 0) response per "
+                      "prompt scored as the reward baseline of its group, and rollout.rollout_fn "
+                      f"{cfg.rollout.rollout_fn} does not supply one (it does not declare supplies_reward_baselines; "
+                      "the built-in rlfleet.services.rollout.rollout_fns:single_turn does)")
+
+
 def check_plugins(cfg: Config) -> None:
     """Import and check every dotted path and name in cfg; raise PluginError naming the first one that fails."""
     check_rewards(cfg)
@@ -176,6 +191,7 @@ def check_plugins(cfg: Config) -> None:
     check_data(cfg)
     if isinstance(rollout_fn, ReadsLabels) and rollout_fn.needs_labels:
         check_labels(cfg)
+    check_reward_baselines(cfg, rollout_fn)
     if cfg.model.prepare:
         load_callable(cfg.model.prepare, "model.prepare", ModelPrepareFn)
     for path in cfg.buffer.filters:

@@ -100,6 +100,9 @@ class Sample:
     prompt_index: int = 0
     run_id: str = ""
     replica_id: str = ""
+    # the reward of a greedy response to the same prompt (ReMax's baseline; the rollout sets it on every sample of
+    # a group when the trainer's estimator needs it: AdvantageSpec.needs_reward_baseline); None: not produced
+    reward_baseline: float | None = None
 
     @property
     def sample_id(self) -> str:
@@ -130,6 +133,8 @@ class Sample:
             msg.teacher_logprobs = pack_f32(self.teacher_logprobs)
         if self.routed_experts is not None:
             msg.routed_experts.CopyFrom(self.routed_experts.to_proto())
+        if self.reward_baseline is not None:
+            msg.reward_baseline = float(self.reward_baseline)
         return msg
 
     @classmethod
@@ -146,6 +151,7 @@ class Sample:
             routed_experts=RoutedExperts.from_proto(msg.routed_experts) if msg.HasField("routed_experts") else None,
             teacher_logprobs=unpack_f32(msg.teacher_logprobs).tolist() if msg.teacher_logprobs else None,
             metadata=dict(msg.metadata), prompt_index=msg.prompt_index, run_id=msg.run_id, replica_id=msg.replica_id,
+            reward_baseline=msg.reward_baseline if msg.HasField("reward_baseline") else None,
         )
 
 
@@ -186,6 +192,8 @@ def check_fields(msg: sample_pb2.Sample) -> None:
         raise SampleError(f"reward is {msg.reward}")
     if msg.reward_parts and any(not math.isfinite(v) for v in msg.reward_parts.values()):
         raise SampleError("a reward part is not finite")
+    if msg.HasField("reward_baseline") and not math.isfinite(msg.reward_baseline):
+        raise SampleError(f"reward_baseline is {msg.reward_baseline}")
     response, logprobs = msg.response_ids, msg.rollout_logprobs
     for name, n in (("prompt_ids", len(msg.prompt_ids)), ("response_ids", len(response)),
                     ("rollout_logprobs", len(logprobs))):

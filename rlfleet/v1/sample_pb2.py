@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/sample.proto\x12\nrlfleet.v1\"`\n\rRoutedExperts\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x0c\n\x04\x62its\x18\x03 \x01(\r\x12\x0b\n\x03ids\x18\x04 \x01(\x0c\x12\x11\n\tfree_rows\x18\x05 \x01(\x0c\"\x86\x05\n\x06Sample\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x12\n\ngroup_size\x18\x04 \x01(\r\x12\x14\n\x0cprompt_index\x18\x05 \x01(\x04\x12\x12\n\nprompt_ids\x18\x06 \x01(\x0c\x12\x14\n\x0cresponse_ids\x18\x07 \x01(\x0c\x12\x11\n\tloss_mask\x18\x08 \x01(\x0c\x12\x18\n\x10rollout_logprobs\x18\t \x01(\x0c\x12\x0e\n\x06reward\x18\n \x01(\x02\x12\x39\n\x0creward_parts\x18\x0b \x03(\x0b\x32#.rlfleet.v1.Sample.RewardPartsEntry\x12(\n\x06status\x18\x0c \x01(\x0e\x32\x18.rlfleet.v1.SampleStatus\x12\x15\n\rstatus_reason\x18\r \x01(\t\x12\x16\n\x0eweight_version\x18\x0e \x01(\x04\x12\x16\n\x0etoken_versions\x18\x0f \x01(\x0c\x12\x31\n\x0erouted_experts\x18\x10 \x01(\x0b\x32\x19.rlfleet.v1.RoutedExperts\x12\x32\n\x08metadata\x18\x11 \x03(\x0b\x32 .rlfleet.v1.Sample.MetadataEntry\x12\x12\n\nreplica_id\x18\x12 \x01(\t\x12\x18\n\x10teacher_logprobs\x18\x13 \x01(\x0c\x12\x14\n\x0cweight_epoch\x18\x14 \x01(\x04\x1a\x32\n\x10RewardPartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x9c\x01\n\x0cSampleStatus\x12\x1d\n\x19SAMPLE_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17SAMPLE_STATUS_COMPLETED\x10\x01\x12\x1b\n\x17SAMPLE_STATUS_TRUNCATED\x10\x02\x12\x19\n\x15SAMPLE_STATUS_ABORTED\x10\x03\x12\x18\n\x14SAMPLE_STATUS_FAILED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/sample.proto\x12\nrlfleet.v1\"`\n\rRoutedExperts\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x0c\n\x04\x62its\x18\x03 \x01(\r\x12\x0b\n\x03ids\x18\x04 \x01(\x0c\x12\x11\n\tfree_rows\x18\x05 \x01(\x0c\"\xb8\x05\n\x06Sample\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x12\n\ngroup_size\x18\x04 \x01(\r\x12\x14\n\x0cprompt_index\x18\x05 \x01(\x04\x12\x12\n\nprompt_ids\x18\x06 \x01(\x0c\x12\x14\n\x0cresponse_ids\x18\x07 \x01(\x0c\x12\x11\n\tloss_mask\x18\x08 \x01(\x0c\x12\x18\n\x10rollout_logprobs\x18\t \x01(\x0c\x12\x0e\n\x06reward\x18\n \x01(\x02\x12\x39\n\x0creward_parts\x18\x0b \x03(\x0b\x32#.rlfleet.v1.Sample.RewardPartsEntry\x12(\n\x06status\x18\x0c \x01(\x0e\x32\x18.rlfleet.v1.SampleStatus\x12\x15\n\rstatus_reason\x18\r \x01(\t\x12\x16\n\x0eweight_version\x18\x0e \x01(\x04\x12\x16\n\x0etoken_versions\x18\x0f \x01(\x0c\x12\x31\n\x0erouted_experts\x18\x10 \x01(\x0b\x32\x19.rlfleet.v1.RoutedExperts\x12\x32\n\x08metadata\x18\x11 \x03(\x0b\x32 .rlfleet.v1.Sample.MetadataEntry\x12\x12\n\nreplica_id\x18\x12 \x01(\t\x12\x18\n\x10teacher_logprobs\x18\x13 \x01(\x0c\x12\x14\n\x0cweight_epoch\x18\x14 \x01(\x04\x12\x1c\n\x0freward_baseline\x18\x15 \x01(\x02H\x00\x88\x01\x01\x1a\x32\n\x10RewardPartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_reward_baseline*\x9c\x01\n\x0cSampleStatus\x12\x1d\n\x19SAMPLE_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17SAMPLE_STATUS_COMPLETED\x10\x01\x12\x1b\n\x17SAMPLE_STATUS_TRUNCATED\x10\x02\x12\x19\n\x15SAMPLE_STATUS_ABORTED\x10\x03\x12\x18\n\x14SAMPLE_STATUS_FAILED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,14 +35,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLE_REWARDPARTSENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLE_METADATAENTRY']._loaded_options = None
   _globals['_SAMPLE_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_SAMPLESTATUS']._serialized_start=787
-  _globals['_SAMPLESTATUS']._serialized_end=943
+  _globals['_SAMPLESTATUS']._serialized_start=837
+  _globals['_SAMPLESTATUS']._serialized_end=993
   _globals['_ROUTEDEXPERTS']._serialized_start=39
   _globals['_ROUTEDEXPERTS']._serialized_end=135
   _globals['_SAMPLE']._serialized_start=138
-  _globals['_SAMPLE']._serialized_end=784
-  _globals['_SAMPLE_REWARDPARTSENTRY']._serialized_start=685
-  _globals['_SAMPLE_REWARDPARTSENTRY']._serialized_end=735
-  _globals['_SAMPLE_METADATAENTRY']._serialized_start=737
-  _globals['_SAMPLE_METADATAENTRY']._serialized_end=784
+  _globals['_SAMPLE']._serialized_end=834
+  _globals['_SAMPLE_REWARDPARTSENTRY']._serialized_start=715
+  _globals['_SAMPLE_REWARDPARTSENTRY']._serialized_end=765
+  _globals['_SAMPLE_METADATAENTRY']._serialized_start=767
+  _globals['_SAMPLE_METADATAENTRY']._serialized_end=814
 # @@protoc_insertion_point(module_scope)

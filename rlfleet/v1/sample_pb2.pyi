@@ -35,7 +35,7 @@ class RoutedExperts(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., top_k: _Optional[int] = ..., bits: _Optional[int] = ..., ids: _Optional[bytes] = ..., free_rows: _Optional[bytes] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("run_id", "group_id", "index", "group_size", "prompt_index", "prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "reward", "reward_parts", "status", "status_reason", "weight_version", "token_versions", "routed_experts", "metadata", "replica_id", "teacher_logprobs", "weight_epoch")
+    __slots__ = ("run_id", "group_id", "index", "group_size", "prompt_index", "prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "reward", "reward_parts", "status", "status_reason", "weight_version", "token_versions", "routed_experts", "metadata", "replica_id", "teacher_logprobs", "weight_epoch", "reward_baseline")
     class RewardPartsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class Sample(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     TEACHER_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REWARD_BASELINE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     group_id: str
     index: int
@@ -90,4 +91,5 @@ class Sample(_message.Message):
     replica_id: str
     teacher_logprobs: bytes
     weight_epoch: int
-    def __init__(self, run_id: _Optional[str] = ..., group_id: _Optional[str] = ..., index: _Optional[int] = ..., group_size: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[bytes] = ..., response_ids: _Optional[bytes] = ..., loss_mask: _Optional[bytes] = ..., rollout_logprobs: _Optional[bytes] = ..., reward: _Optional[float] = ..., reward_parts: _Optional[_Mapping[str, float]] = ..., status: _Optional[_Union[SampleStatus, str]] = ..., status_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., token_versions: _Optional[bytes] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., replica_id: _Optional[str] = ..., teacher_logprobs: _Optional[bytes] = ..., weight_epoch: _Optional[int] = ...) -> None: ...
+    reward_baseline: float
+    def __init__(self, run_id: _Optional[str] = ..., group_id: _Optional[str] = ..., index: _Optional[int] = ..., group_size: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[bytes] = ..., response_ids: _Optional[bytes] = ..., loss_mask: _Optional[bytes] = ..., rollout_logprobs: _Optional[bytes] = ..., reward: _Optional[float] = ..., reward_parts: _Optional[_Mapping[str, float]] = ..., status: _Optional[_Union[SampleStatus, str]] = ..., status_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., token_versions: _Optional[bytes] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., replica_id: _Optional[str] = ..., teacher_logprobs: _Optional[bytes] = ..., weight_epoch: _Optional[int] = ..., reward_baseline: _Optional[float] = ...) -> None: ...

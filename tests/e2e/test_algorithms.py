@@ -1,7 +1,8 @@
 """`rlfleet run` on the addition example with each algorithm preset: DAPO (with the buffer's dynamic-sampling
-filter), GSPO, REINFORCE++ and RLOO raise held-out accuracy, and so does GRPO with a tight dual clip that binds
-(GRPO, the example's own algorithm, is test_addition_run's); PPO trains with its critic; a LoRA run trains and
-publishes adapter weights only. About 1 s per step on this machine; the whole file stays under ~6 minutes.
+filter), GSPO, REINFORCE++, RLOO and ReMax (40 steps: it learns more slowly) raise held-out accuracy, and so does
+GRPO with a tight dual clip that binds (GRPO, the example's own algorithm, is test_addition_run's); PPO trains with
+its critic; a LoRA run trains and publishes adapter weights only. About 1 s per step on this machine; the whole
+file stays under ~6 minutes.
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ def _run(tmp_path: Path, warm_model: Path, overrides: dict[str, Any]) -> dict[st
     ("gspo", {}),
     ("reinforce_pp", {}),
     ("rloo", {}),
+    # ReMax learns more slowly here (its baseline zeroes every sample that scores like the greedy response): +0.022
+    # after 30 steps, +0.106 after 60 (one run each, held-out 0.318 before)
+    ("remax", {"trainer.steps": 40, "trainer.checkpoint_every": 40}),
 ])
 def test_algorithm_raises_heldout_accuracy(tmp_path: Path, warm_model: Path, algorithm: str,
                                            extra: dict[str, Any]) -> None:
     s = _run(tmp_path, warm_model, {"trainer.algorithm": algorithm, **extra})
-    assert s["steps"] == STEPS
+    assert s["steps"] == extra.get("trainer.steps", STEPS)
     assert s["eval_after"] > s["eval_before"] + 0.03, s
     if algorithm == "dapo":
         assert s["buffer"]["dropped"].get("filtered", 0) > 0, s["buffer"]     # dynamic sampling dropped groups

@@ -97,6 +97,8 @@ def sample_messages(draw: Any) -> sample_pb2.Sample:
         msg.routed_experts.CopyFrom(draw(routes(tokens)))
     if draw(st.integers(0, 4)) == 0:
         msg.reward_parts["format"] = _rare(draw, st.floats(-1, 1, width=32), st.floats(width=32))
+    if draw(st.integers(0, 3)) == 0:                     # ReMax's greedy baseline reward
+        msg.reward_baseline = _rare(draw, st.floats(-10, 10, width=32), st.floats(width=32))
     return msg
 
 

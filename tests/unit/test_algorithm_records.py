@@ -47,7 +47,7 @@ def test_presets_are_the_documented_pairs() -> None:
                 "reinforce_pp_baseline": ("reinforce_pp_baseline", "clipped_pg"), "dapo": ("grpo", "dapo"),
                 "distill": ("distill", "clipped_pg"), "sft": ("sft", "sft"), "cispo": ("grpo", "cispo"),
                 "gpg": ("gpg", "gpg"), "clip_cov": ("grpo", "clip_cov"), "kl_cov": ("grpo", "kl_cov"),
-                "opo": ("opo", "clipped_pg")}
+                "opo": ("opo", "clipped_pg"), "remax": ("remax", "clipped_pg")}
     assert {n: (p.advantage, p.loss) for n, p in ALGORITHM_PRESETS.items()} == expected
 
 
@@ -58,8 +58,9 @@ def test_what_each_algorithm_needs() -> None:
     assert not needs_groups("no_such_preset")
     assert {n for n in ALGORITHM_PRESETS if needs_critic(TrainerConfig(algorithm=n))} == {"ppo"}
     assert {n for n in ALGORITHM_PRESETS if needs_teacher(TrainerConfig(algorithm=n))} == {"distill"}
-    reward_only = {"grpo", "rloo", "drgrpo", "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg"}
+    reward_only = {"grpo", "rloo", "drgrpo", "reinforce_pp", "reinforce_pp_baseline", "opo", "gpg", "remax"}
     assert {n for n, s in ADVANTAGE_SPECS.items() if s.reward_only} == reward_only
+    assert {n for n, s in ADVANTAGE_SPECS.items() if s.needs_reward_baseline} == {"remax"}
     # trainer.advantage overrides the preset's; a plugin's advantage reads nothing declared
     assert needs_critic(TrainerConfig(algorithm="grpo", advantage="gae"))
     assert not needs_critic(TrainerConfig(algorithm="ppo", advantage="grpo"))

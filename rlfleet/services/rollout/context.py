@@ -21,8 +21,11 @@ class ServiceContext(ServesOpenAI):
     """Implements rlfleet.protocols.RolloutContext for one replica. run_seed makes per-sample seeds reproducible."""
 
     def __init__(self, replica_id: str, engine: Engine, tokenizer: Any, sampling: SamplingParams,
-                 scorer: Scorer, run_seed: int = 0, openai: OpenAIEndpoint | None = None) -> None:
+                 scorer: Scorer, run_seed: int = 0, openai: OpenAIEndpoint | None = None,
+                 reward_baselines: bool = False) -> None:
         self.run_seed = run_seed
+        # WantsRewardBaselines: the trainer's estimator reads a greedy baseline reward per group (ReMax)
+        self.reward_baselines = reward_baselines
         self._openai = openai
         self.replica_id = replica_id
         self.engine = engine

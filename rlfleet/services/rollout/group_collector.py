@@ -29,6 +29,7 @@ class StartedGroup:
     prompt: Prompt | None = None
     prompt_ids: list[int] = field(default_factory=list)
     requests: list[Future[Generation]] = field(default_factory=list)
+    greedy: Future[Generation] | None = None     # the greedy baseline request, when the context wants one (ReMax)
     samples: list[Sample] = field(default_factory=list)          # built and scored by the collector
     error: str | None = None          # why the group could not start (then it has no samples) ...
     aborted: bool = False             # ... because the work loop had aborted it already
@@ -59,6 +60,7 @@ class CollectedRolloutFn:
 
     fn: RolloutFn
     collector: GroupCollectorFactory
+    supplies_reward_baselines: bool = False      # rlfleet.protocols.SuppliesRewardBaselines (fn and collector both)
 
     def __call__(self, ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> Iterator[Sample]:
         return self.fn(ctx, prompt, ticket)

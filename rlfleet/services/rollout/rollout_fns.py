@@ -8,7 +8,14 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from rlfleet.protocols import GroupTicket, Prompt, RolloutContext, ScoresGroups
 from rlfleet.sample import Sample, Status
 from rlfleet.services.rollout.group_collector import CollectedRolloutFn
-from rlfleet.services.rollout.group_samples import sample_of, submit_group
+from rlfleet.services.rollout.group_samples import (
+    greedy_sample,
+    sample_of,
+    set_baseline,
+    submit_greedy,
+    submit_group,
+    wants_baseline,
+)
 from rlfleet.services.rollout.single_turn_groups import SingleTurnGroups
 
 
@@ -17,12 +24,15 @@ def _single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> It
 
     Whenever it wakes, it scores every completion that has finished by then in one call (`score_group`: one hand-off
     to the reward's thread for all of them, where per-sample scoring paid one each); a batched reward scores the
-    whole group at the end."""
+    whole group at the end. When the context wants a reward baseline (ReMax), one greedy completion is generated
+    too, and the group is held to the end: scored with the greedy sample, which is not yielded (not trained on),
+    its reward set as every sample's reward_baseline."""
     prompt_ids = ctx.encode_prompt(prompt)
     futures = {f: i for i, f in enumerate(submit_group(ctx, prompt_ids, ticket))}
-    held: list[Sample] = []                          # a batched reward scores the group at once, at the end
+    greedy = submit_greedy(ctx, prompt_ids) if wants_baseline(ctx) else None
+    held: list[Sample] = []                          # scored at once, at the end
     scoring = ctx if isinstance(ctx, ScoresGroups) else None
-    batched = scoring is not None and scoring.batched_reward
+    hold = greedy is not None or (scoring is not None and scoring.batched_reward)
     pending = set(futures)
     while pending:
         done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -30,16 +40,29 @@ def _single_turn(ctx: RolloutContext, prompt: Prompt, ticket: GroupTicket) -> It
         failed = [s for s in ready if s.status == Status.FAILED]
         scorable = [s for s in ready if s.status != Status.FAILED]
         yield from failed
-        if batched:
+        if hold:
             held += scorable
-        elif scoring is not None:
-            yield from scoring.score_group(prompt, scorable)
         else:
-            yield from (ctx.score(prompt, s) for s in scorable)
-    if held and scoring is not None:
-        yield from scoring.score_group(prompt, held)
+            yield from _scored(ctx, scoring, prompt, scorable)
+    if greedy is None:
+        yield from _scored(ctx, scoring, prompt, held)
+        return
+    baseline = greedy_sample(ctx, prompt_ids, ticket, greedy)
+    _scored(ctx, scoring, prompt, held + ([baseline] if baseline.status != Status.FAILED else []))
+    set_baseline(held, baseline)
+    yield from held
 
 
-single_turn = CollectedRolloutFn(_single_turn, SingleTurnGroups)
+def _scored(ctx: RolloutContext, scoring: ScoresGroups | None, prompt: Prompt, samples: list[Sample]) -> list[Sample]:
+    """samples scored together (score_group) where the context can, else one at a time."""
+    if not samples:
+        return samples
+    if scoring is not None:
+        return scoring.score_group(prompt, samples)
+    return [ctx.score(prompt, s) for s in samples]
+
+
+single_turn = CollectedRolloutFn(_single_turn, SingleTurnGroups, supplies_reward_baselines=True)
 """The built-in rollout function: `_single_turn` for one group; its declared collector (SingleTurnGroups) runs every
-group of a replica on one thread, with the same samples (perf.single_turn_collector)."""
+group of a replica on one thread, with the same samples (perf.single_turn_collector). Both supply the greedy reward
+baseline when the context wants it (rlfleet.protocols.SuppliesRewardBaselines)."""

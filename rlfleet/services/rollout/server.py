@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry
 
-from rlfleet.config import Config, ConfigError
+from rlfleet.config import Config, ConfigError, needs_reward_baseline
 from rlfleet.data.files import DataError, rollout_source
 from rlfleet.plugins import PluginError, load_callable
 from rlfleet.protocols import DataSource, RolloutFn
@@ -147,7 +147,8 @@ class RolloutReplica:
             engine.shutdown()
             raise StartError(str(exc)) from None
         ctx = ServiceContext(replica_id, engine, tokenizer, sampling, plugins.scorer, run_seed=cfg.run.seed,
-                             openai=self.http.endpoint if self.http else None)
+                             openai=self.http.endpoint if self.http else None,
+                             reward_baselines=needs_reward_baseline(cfg.trainer))
         settings = WorkSettings(replica_id=replica_id, run_id=cfg.run.name, claim_groups=cfg.rollout.claim_groups)
         log_name = replica_id if replica_id.startswith("rollout-") else f"rollout-{replica_id}"
         self.counters = counters = ThroughputLog(cfg.run_dir / "metrics" / f"{log_name}.jsonl", replica_id, engine,

@@ -26,9 +26,17 @@ from concurrent.futures import Future
 from typing import Any
 
 from rlfleet.protocols import DataSource, Generation, GroupTicket
+from rlfleet.sample import Sample
 from rlfleet.services.rollout.context import GroupAborted, GroupContext
 from rlfleet.services.rollout.group_collector import FinishGroups, GroupCollector, StartedGroup
-from rlfleet.services.rollout.group_samples import sample_of, submit_group
+from rlfleet.services.rollout.group_samples import (
+    greedy_sample,
+    sample_of,
+    set_baseline,
+    submit_greedy,
+    submit_group,
+    wants_baseline,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +80,16 @@ class SingleTurnGroups(GroupCollector):
             group.prompt = self._data[ticket.prompt_index]
             group.prompt_ids = gctx.encode_prompt(group.prompt)
             group.requests = submit_group(gctx, group.prompt_ids, ticket)
+            group.greedy = submit_greedy(gctx, group.prompt_ids) if wants_baseline(gctx) else None
         except Exception as exc:  # noqa: BLE001 - a group that cannot start fails alone
             group.aborted = isinstance(exc, GroupAborted)
             gctx.abort()                    # the requests it did submit
             group.error = f"rollout_fn raised {type(exc).__name__}: {exc}"
             self._queue.put(group)
             return
-        countdown = _Countdown(group, len(group.requests), self._queue)
-        for request in group.requests:
+        requests = group.requests + ([group.greedy] if group.greedy is not None else [])
+        countdown = _Countdown(group, len(requests), self._queue)
+        for request in requests:
             request.add_done_callback(countdown)
 
     def close(self) -> None:
@@ -114,7 +124,14 @@ class SingleTurnGroups(GroupCollector):
         return not closing
 
     def _build_and_score(self, groups: Sequence[StartedGroup]) -> None:
-        """Each group's samples in index order (FAILED where the engine raised), the others scored."""
+        """Each group's samples in index order (FAILED where the engine raised), the others scored; a group with a
+        greedy request: its sample scored with them, its reward set as their reward_baseline, and not kept."""
+        baselines: list[Sample | None] = []
         for g in groups:
             g.samples = [sample_of(self._ctx, g.prompt_ids, g.ticket, i, r) for i, r in enumerate(g.requests)]
-        self._ctx.score_groups([(g.prompt, g.samples) for g in groups])     # FAILED and ABORTED left as they are
+            baselines.append(None if g.greedy is None else greedy_sample(self._ctx, g.prompt_ids, g.ticket, g.greedy))
+        self._ctx.score_groups([(g.prompt, g.samples + ([b] if b is not None else []))     # FAILED and ABORTED
+                                for g, b in zip(groups, baselines, strict=True)])          # left as they are
+        for g, b in zip(groups, baselines, strict=True):
+            if b is not None:
+                set_baseline(g.samples, b)

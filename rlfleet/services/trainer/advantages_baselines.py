@@ -8,10 +8,9 @@
   samples / its samples with a nonzero score (a one-sample group: mean 0), broadcast over the tokens; no std.
 - remax (ReMax, verl compute_remax_outcome_advantage): A_t = sum_{t' >= t} r_t' - b, the return-to-go of the
   per-token rewards minus the reward b of a greedy (temperature 0) response to the same prompt, read from
-  batch.extras["reward_baselines"] [S]. The rollout does not produce that greedy response yet, so `rlfleet check`
-  refuses trainer.advantage remax (rlfleet/config/trainer_checks.py); what it needs is a greedy sample per
-  prompt, scored by the reward function and delivered with its group but not trained on, whose reward the
-  trainer puts in that key for every sample of the group.
+  batch.extras["reward_baselines"] [S]: the rollout generates and scores that greedy response once per group (its
+  spec declares needs_reward_baseline) and sets its reward on every sample of the group (Sample.reward_baseline);
+  the greedy response is not trained on (rlfleet/services/trainer/reward_baselines.py).
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ import torch
 from rlfleet.config import TrainerConfig
 from rlfleet.protocols import AdvantageEstimator, TrainBatch
 from rlfleet.services.trainer.advantages import _broadcast, _reduce, sequence_scores, token_rewards
-
-REWARD_BASELINES = "reward_baselines"    # batch.extras: [S] the greedy response's reward of each row's prompt (ReMax)
+from rlfleet.services.trainer.reward_baselines import REWARD_BASELINES
 
 
 def opo_rewards(scores: torch.Tensor, lengths: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
@@ -76,7 +74,8 @@ def remax(batch: TrainBatch) -> torch.Tensor:
     baselines = batch.extras.get(REWARD_BASELINES)
     if not isinstance(baselines, torch.Tensor):
         raise ValueError("advantage 'remax' needs the greedy response's reward of each prompt "
-                         f"(batch.extras[{REWARD_BASELINES!r}]); the rollout does not produce it yet")
+                         f"(batch.extras[{REWARD_BASELINES!r}]); a sample of this batch carries no reward_baseline "
+                         "(the rollout sets it when the estimator's spec declares needs_reward_baseline)")
     m = batch.response_mask.to(torch.float32)                                               # [S, T]
     returns = token_rewards(batch).flip(-1).cumsum(-1).flip(-1)                             # [S, T]
     return (returns - baselines.to(torch.float32)[:, None]) * m

@@ -20,8 +20,10 @@ resolves those names to the implementations: ADVANTAGE_FACTORIES and losses.LOSS
 | clip_cov              | grpo                   | clip_cov    | trainer.clip_cov                               |
 | kl_cov                | grpo                   | kl_cov      | trainer.kl_cov                                 |
 | opo                   | opo (length-weighted)  | clipped_pg  |                                                |
+| remax                 | remax (greedy baseline)| clipped_pg  | a rollout_fn that supplies greedy baselines    |
 
-ReMax (trainer.advantage: remax) is registered and refused at check time (advantages_baselines.py says why).
+ReMax's baseline is the reward of one greedy response per group, generated and scored by the rollout (not trained
+on) and carried by each sample (Sample.reward_baseline; advantages_baselines.py).
 trainer.masking wraps the loss in TRL's entropy / off-policy masks (loss_masks.py); trainer.convention sets the verl
 or TRL conventions of the KL and entropy terms and the estimators (docs/algorithms.md).
 

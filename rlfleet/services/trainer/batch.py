@@ -14,6 +14,7 @@ from rlfleet.protocols import TrainBatch
 from rlfleet.sample import Sample
 from rlfleet.services.trainer.entropy import record_entropy
 from rlfleet.services.trainer.logits_window import logits_window
+from rlfleet.services.trainer.reward_baselines import reward_baselines_extras
 from rlfleet.services.trainer.routing_replay import ROUTES_KEY, RoutingReplay, routes_tensor
 from rlfleet.services.trainer.token_versions import TOKEN_VERSIONS, token_versions_tensor
 from rlfleet.v1 import buffer_pb2
@@ -77,6 +78,7 @@ def build_train_batch(samples: Sequence[Sample], pad_id: int = 0, routes: bool =
         weight_versions=torch.tensor([int(s.weight_version) for s in samples], dtype=torch.int64),
         sample_ids=[s.sample_id for s in samples],
         extras={TOKEN_VERSIONS: token_versions_tensor(samples, resp_len),                  # [S, T]
+                **reward_baselines_extras(samples),                                        # [S] (ReMax)
                 **(_route_extras(samples, seq_len) if routes else {})},
     )
 

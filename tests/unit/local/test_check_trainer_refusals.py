@@ -34,8 +34,6 @@ CASES = [
      "trainer.backend megatron does not support trainer.algorithm ppo (a critic), "
      "trainer.policy_loss.entropy_coef > 0; use the fsdp backend"),
     ({"algorithm": "distill"}, "trainer.algorithm distill needs trainer.teacher.model_path"),
-    ({"advantage": "remax"}, "trainer advantage remax needs a greedy (temperature 0) response per prompt scored as "
-     "the reward baseline (batch.extras['reward_baselines']); the rollout does not produce it yet"),
 ]
 
 

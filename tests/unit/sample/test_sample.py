@@ -22,7 +22,7 @@ def _sample(**kw: object) -> Sample:
 def test_round_trip_keeps_every_field() -> None:
     s = _sample(loss_mask=[1, 0, 1], reward_parts={"format": 0.5, "correct": 0.5}, status=Status.TRUNCATED,
                 status_reason="length", token_versions=[3, 3, 4], teacher_logprobs=[-0.1, -0.2, -0.3],
-                metadata={"k": "v"}, run_id="r", replica_id="rollout-0",
+                metadata={"k": "v"}, run_id="r", replica_id="rollout-0", reward_baseline=0.25,
                 routed_experts=RoutedExperts(ids=np.arange(3 * 2 * 2).reshape(3, 2, 2)))
     back = Sample.from_proto(Sample.from_proto(s.to_proto()).to_proto())
     assert back.response_ids == s.response_ids and back.prompt_ids == s.prompt_ids
@@ -33,6 +33,7 @@ def test_round_trip_keeps_every_field() -> None:
     assert s.routed_experts is not None
     assert back.routed_experts is not None and back.routed_experts.ids.tolist() == s.routed_experts.ids.tolist()
     assert back.to_proto().routed_experts.bits == 8
+    assert back.reward_baseline == 0.25 and Sample.from_proto(_sample().to_proto()).reward_baseline is None
 
 
 def test_wide_expert_ids_use_16_bits() -> None:
@@ -53,6 +54,7 @@ def test_token_arrays_are_packed_bytes() -> None:
     (lambda m: setattr(m, "rollout_logprobs", m.rollout_logprobs[:4]), "rollout_logprobs has 1 entries"),
     (lambda m: setattr(m, "loss_mask", b"\x01"), "loss_mask has 1 entries"),
     (lambda m: setattr(m, "reward", math.nan), "reward is nan"),
+    (lambda m: setattr(m, "reward_baseline", math.inf), "reward_baseline is inf"),
     (lambda m: setattr(m, "status", 9), "unknown status 9"),
     (lambda m: setattr(m, "index", 4), "index 4 outside group_size 4"),
     (lambda m: setattr(m, "group_id", ""), "group_id is empty"),
