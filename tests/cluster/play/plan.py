@@ -5,8 +5,8 @@ One container per pod (a Deployment's or StatefulSet's replica), on one network 
 Service's short and qualified names, and for the headless Service a StatefulSet names, the per-pod names
 `POD.SVC...`. Service ports must equal the container ports they target (an alias cannot remap a port).
 ConfigMap and Secret volumes become files (written by files.py) bind-mounted read-only; PVCs and
-volumeClaimTemplates become named podman volumes; emptyDir becomes tmpfs. Whatever has no podman meaning is listed
-in `not_enforced`, one line per object or field: never silently dropped.
+volumeClaimTemplates become named podman volumes; emptyDir becomes a per-pod folder. Whatever has no podman
+meaning is listed in `not_enforced`, one line per object or field: never silently dropped.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class FileSource:
 @dataclass(frozen=True)
 class Mount:
     target: str
-    kind: str                                   # files | volume | tmpfs
+    kind: str                                   # files | volume | emptydir
     source: str                                 # files: the volume's name in the pod; volume: podman volume name
     sub_path: str = ""
     read_only: bool = False
@@ -292,7 +292,7 @@ class _Planner:
                                 f"podman volume yourself)")
             return ("volume", claim["claimName"], bool(claim.get("readOnly")))
         if "emptyDir" in v:
-            return ("tmpfs", v["name"], False)
+            return ("emptydir", v["name"], False)
         raise PlanError(f"{where}: {sorted(set(v) - {'name'})} volumes are not played here")
 
     def container(self, o: dict[str, Any], c: dict[str, Any], pod_sec: dict[str, Any],

@@ -3,7 +3,10 @@
 The kubelet's part, as far as one machine needs it: a network per release; each pod one container with its fixed
 address, its Service DNS names as network aliases and its hostname; its ConfigMap/Secret volumes written under
 WORK/pods/POD/ and bind-mounted read-only; PVCs as named volumes given the pod's fsGroup (group-owned, setgid, as
-the kubelet's fsGroup change does), a subPath as a bind mount of that folder of the volume; emptyDir as tmpfs; init
+the kubelet's fsGroup change does), a subPath as a bind mount of that folder of the volume; emptyDir as a folder
+WORK/pods/POD/emptydir/NAME made empty when the pod starts and kept across its container's restarts (a kill -9
+restarts the container, not the pod: the kubelet keeps an emptyDir for the pod's life; a tmpfs would come back empty
+and root-owned); init
 containers run to completion first; restartPolicy Always as `restart_exited` (called by whoever watches the run);
 readiness as the rendered readinessProbe (exec in the container, or TCP / HTTP to the pod's address).
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -129,6 +133,12 @@ class Player:
         folder = self.work / "pods" / pod.name
         for vname, source in pod.files.items():
             write_volume(folder / vname, source, pod.fs_group)
+        empty = folder / "emptydir"
+        if empty.exists():
+            shutil.rmtree(empty)                    # a new pod of the same name: its emptyDirs start empty
+        for m in [m for c in (*pod.init, pod.main) for m in c.mounts if m.kind == "emptydir"]:
+            (empty / m.source).mkdir(parents=True, exist_ok=True)
+            os.chmod(empty / m.source, 0o1777)      # any uid of the pod may write, as in an emptyDir
         for c in pod.init:
             proc = podman(*self.run_args(plan, pod, c, init=True), timeout=1800.0, check=False)
             if proc.returncode != 0:
@@ -159,8 +169,9 @@ class Player:
             args += ["--env", f"{k}={v}"]
         for m in c.mounts:
             ro = ",ro=true" if m.read_only else ""
-            if m.kind == "tmpfs":
-                args += ["--mount", f"type=tmpfs,dst={m.target},tmpfs-mode=1777"]
+            if m.kind == "emptydir":
+                src = self.work / "pods" / pod.name / "emptydir" / m.source
+                args += ["--mount", f"type=bind,src={src},dst={m.target}"]
             elif m.kind == "files":
                 src = self.work / "pods" / pod.name / m.source / m.sub_path
                 args += ["--mount", f"type=bind,src={src},dst={m.target}{ro}"]
