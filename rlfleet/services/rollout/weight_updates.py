@@ -128,7 +128,7 @@ class WeightUpdater:
             self._applied(manifest.version, max(self.epoch, manifest.epoch))   # the same weights, any epoch
             return weights_pb2.UpdateResult(replica_id=self.replica_id, version=manifest.version, ok=True,
                                             digest=self.digest)               # already applied (LoadWeights + sub)
-        error = ""
+        first = error = ""
         attempt = 0
         while True:
             attempt += 1
@@ -139,6 +139,7 @@ class WeightUpdater:
                                                 digest=self.digest, seconds=time.monotonic() - start, bytes=nbytes)
             except Exception as exc:  # noqa: BLE001 - any failure keeps the previous version serving
                 error = f"{type(exc).__name__}: {exc}"
+                first = first or error
                 log.warning("weight version %d, attempt %d failed: %s", manifest.version, attempt, error)
                 if isinstance(exc, SignatureError):      # forged or unsigned: fetching again cannot help
                     break
@@ -147,6 +148,8 @@ class WeightUpdater:
                     break
                 time.sleep(waits[attempt - 1])
         self.failures += 1
+        if error != first:          # the first failure is the cause; a retry often fails only as its consequence
+            error = f"{first} (then {attempt - 1} more attempt(s) failed, the last: {error})"
         return weights_pb2.UpdateResult(replica_id=self.replica_id, version=self.engine.weight_version, ok=False,
                                         error=error, digest=self.digest, seconds=time.monotonic() - start)
 
