@@ -28,9 +28,14 @@ def test_first_generate_waits_for_startup_then_usual_patience() -> None:
     ev.sampling = rollout_pb2.SamplingParams()
     ev.batch_size = 2
     ev._answered = set()
+    ev._progress = None                              # no evaluation phase reported (what __init__ sets)
     client = _Client()
     as_client = cast(RolloutClient, client)          # the one method Evaluator uses, over no channel
     assert len(ev._generate(as_client, [0, 1, 2], version=0)) == 3
     ev._generate(as_client, [0], version=1)
-    assert client.patience == [evaluation.STARTUP_PATIENCE, PATIENCE, PATIENCE]
+    # the first call's requests (sent at once, in parts: evaluation.PROGRESS_PARTS) all wait for the replica's
+    # start-up; once it answered, the next call has the usual patience
+    first_parts = len(client.patience) - 1
+    assert first_parts == min(3, evaluation.PROGRESS_PARTS)
+    assert client.patience == [evaluation.STARTUP_PATIENCE] * first_parts + [PATIENCE]
     assert evaluation.STARTUP_PATIENCE >= 300 > PATIENCE

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,4 +54,5 @@ def test_a_process_started_with_it_allocates_from_its_heap() -> None:
 @pytest.mark.parametrize("image", ["trainer-cpu", "trainer-cuda", "rollout-cpu", "rollout-cuda"])
 def test_the_heavy_service_images_set_the_same(image: str) -> None:
     text = (Path(__file__).resolve().parents[3] / "docker" / f"{image}.Dockerfile").read_text()
-    assert f"GLIBC_TUNABLES={MALLOC_TUNABLES} " in text
+    # the whole value: the ENV line may end there or continue with another variable
+    assert re.search(rf"^ENV GLIBC_TUNABLES={re.escape(MALLOC_TUNABLES)}( \\)?$", text, re.M), text
