@@ -5,7 +5,6 @@ against each variant's own summary.json."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -14,18 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import EXAMPLE, ROOT
+from tests.support.wilson_reference import wilson_by_hand
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 PROMPTS = 32
-Z = 1.959963984540054
-
-
-def wilson_by_hand(k: int, n: int) -> tuple[float, float]:
-    phat = k / n
-    a, b, c = 1 + Z * Z / n, -(2 * phat + Z * Z / n), phat * phat
-    d = math.sqrt(b * b - 4 * a * c)
-    return (-b - d) / (2 * a), (-b + d) / (2 * a)
 
 
 def test_sweep_runs_each_variant_and_prints_one_table(warm_model: Path, tmp_path: Path) -> None:

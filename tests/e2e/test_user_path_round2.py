@@ -7,7 +7,6 @@ a predictions file per evaluation, whose rewards are the example's reward of eac
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shlex
@@ -21,19 +20,11 @@ import pytest
 
 from rlfleet.runtime.metrics import read_jsonl
 from tests.support.runs import EXAMPLE, ROOT, rlfleet_cmd, summary
+from tests.support.wilson_reference import wilson_by_hand
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STEPS, EVAL_PROMPTS = 16, 48    # enough steps that the run is still going when the test scales and interrupts it
-Z = 1.959963984540054
-
-
-def wilson_by_hand(k: int, n: int) -> tuple[float, float]:
-    """The roots of (1 + z^2/n) p^2 - (2 k/n + z^2/n) p + (k/n)^2 = 0."""
-    phat = k / n
-    a, b, c = 1 + Z * Z / n, -(2 * phat + Z * Z / n), phat * phat
-    d = math.sqrt(b * b - 4 * a * c)
-    return (-b - d) / (2 * a), (-b + d) / (2 * a)
 
 
 def _env() -> dict[str, str]:
